@@ -1,0 +1,178 @@
+//! The crate's one error type: every variant says what went wrong and where (file, tensor, token).
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong in `qwen_bpf`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+    /// `config.json` is not valid JSON or lacks a field the engine needs.
+    #[error("{path}: invalid config: {msg}")]
+    Config {
+        /// The config file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// The config asks for a feature this engine does not implement.
+    #[error("{path}: unsupported model feature: {msg}")]
+    Unsupported {
+        /// The config file.
+        path: PathBuf,
+        /// Which feature.
+        msg: String,
+    },
+    /// A safetensors file (or its index) is malformed: bad header, lying offsets, truncated data.
+    #[error("{path}: malformed safetensors: {msg}")]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A tensor the config requires is not in the checkpoint.
+    #[error("{dir}: tensor `{name}` is missing")]
+    MissingTensor {
+        /// The model directory.
+        dir: PathBuf,
+        /// The Hugging Face tensor name.
+        name: String,
+    },
+    /// A tensor's shape contradicts the config.
+    #[error("{path}: tensor `{name}` has shape {found:?}, the config implies {expected:?}")]
+    Shape {
+        /// The file holding the tensor.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// Shape in the file.
+        found: Vec<usize>,
+        /// Shape the config implies.
+        expected: Vec<usize>,
+    },
+    /// A tensor's dtype is not BF16, F16 or F32.
+    #[error("{path}: tensor `{name}` has dtype {dtype}; supported: BF16, F16, F32")]
+    Dtype {
+        /// The file holding the tensor.
+        path: PathBuf,
+        /// The tensor.
+        name: String,
+        /// The dtype found.
+        dtype: String,
+    },
+    /// A tensor holds NaN or infinity.
+    #[error("tensor `{name}`: non-finite value {value} at element {index}")]
+    NonFinite {
+        /// The tensor.
+        name: String,
+        /// Flat element index.
+        index: usize,
+        /// The value.
+        value: f32,
+    },
+    /// A weight does not fit the fixed-point format it is converted to.
+    #[error("tensor `{name}`: value {value} at element {index} exceeds the range of {format} (|v| < {max})")]
+    OutOfRange {
+        /// The tensor.
+        name: String,
+        /// Flat element index.
+        index: usize,
+        /// The value.
+        value: f32,
+        /// The fixed-point format, e.g. "Q24".
+        format: &'static str,
+        /// The largest magnitude the format holds.
+        max: f64,
+    },
+    /// `tokenizer.json` is missing or cannot be used.
+    #[error("tokenizer {path}: {msg}")]
+    Tokenizer {
+        /// The tokenizer file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} at index {index} is not below the vocabulary size {vocab}")]
+    TokenOutOfRange {
+        /// The offending id.
+        id: u32,
+        /// Its index in the input sequence.
+        index: usize,
+        /// The model's vocabulary size.
+        vocab: usize,
+    },
+    /// The KV cache is full.
+    #[error("context overflow: position {pos} does not fit max_context {max_context}")]
+    ContextOverflow {
+        /// The position that was asked for.
+        pos: usize,
+        /// The context the model was opened with.
+        max_context: usize,
+    },
+    /// A prompt that encodes to no token.
+    #[error("empty prompt: nothing to feed the model")]
+    EmptyPrompt,
+    /// The process may not load BPF programs or create the maps it needs.
+    #[error("{what}: permission denied; needs {capability} (or root)")]
+    Privileges {
+        /// What was attempted.
+        what: String,
+        /// The capabilities required.
+        capability: &'static str,
+    },
+    /// The running kernel lacks a BPF feature.
+    #[error("{what}: this kernel lacks {feature} (needs {needs}): {detail}")]
+    KernelFeature {
+        /// What was attempted.
+        what: String,
+        /// The missing feature.
+        feature: &'static str,
+        /// The kernel version or config that provides it.
+        needs: &'static str,
+        /// The kernel's answer.
+        detail: String,
+    },
+    /// Any other BPF failure (verifier rejection, test_run error, bad return).
+    #[error("BPF {what}: {detail}")]
+    Bpf {
+        /// Which program or map.
+        what: String,
+        /// What happened.
+        detail: String,
+    },
+    /// A weight cache file is unusable (reported only where it cannot be rebuilt).
+    #[error("cache {path}: {msg}")]
+    Cache {
+        /// The cache file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
+    /// A request that would exceed a kernel or machine limit, refused before loading.
+    #[error("resource limit: {msg}")]
+    Resources {
+        /// The numbers involved.
+        msg: String,
+    },
+    /// A bad argument to a library call.
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+}
+
+/// `Result` with the crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// An [`Error::Io`] for `path`.
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+}
