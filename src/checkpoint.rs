@@ -142,8 +142,10 @@ impl Checkpoint {
     /// to `out` as f32, failing on the first non-finite value. Lets converters stream large tensors.
     pub fn read_rows_f32(&self, name: &str, row0: usize, nrows: usize, out: &mut Vec<f32>) -> Result<()> {
         let e = self.entry(name)?;
-        let cols = if e.shape.len() >= 2 { e.shape[1..].iter().product() } else { e.shape.iter().product::<usize>().max(1) };
+        let cols = if e.shape.len() >= 2 { e.shape[1..].iter().product() } else { e.shape.iter().product::<usize>() };
         let rows = if e.shape.len() >= 2 { e.shape[0] } else { 1 };
+        // Clamp the start too: rows past the end read as nothing rather than slicing out of bounds.
+        let row0 = row0.min(rows);
         let r1 = row0.saturating_add(nrows).min(rows);
         let bytes = &self.files[e.file].1[e.start..e.end];
         let first = row0 * cols;

@@ -12,6 +12,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod fixed;
 pub mod kernel;
 pub mod reference;
 pub mod synth;

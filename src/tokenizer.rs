@@ -1,1 +1,209 @@
-//! Placeholder: being written.
+//! The Qwen3 tokenizer: a thin wrapper over the `tokenizers` crate, loaded from a model
+//! directory's `tokenizer.json`, plus the Qwen3 chat template for one user turn and a streaming
+//! decoder that only ever emits whole UTF-8 characters.
+//!
+//! Qwen3's tokenizer is a byte-level BPE: one character outside ASCII (Chinese, emoji, ...) may be
+//! split over several tokens, each carrying a fragment of its UTF-8 encoding. [`TextStream`] holds
+//! such fragments back until the character is complete.
+
+use std::path::{Path, PathBuf};
+
+use crate::{Error, Result};
+
+/// The chat end-of-turn token, Qwen3's EOS for chat generation.
+pub const IM_END: &str = "<|im_end|>";
+/// The chat start-of-turn token.
+pub const IM_START: &str = "<|im_start|>";
+/// The end-of-text token (Qwen3's pad/EOS for plain text).
+pub const END_OF_TEXT: &str = "<|endoftext|>";
+
+/// A loaded Qwen3 tokenizer. Every error it returns names its `tokenizer.json`.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("path", &self.path)
+            .field("vocab_size", &self.vocab_size())
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads a `tokenizer.json`. A file that cannot be read gives [`Error::Io`]; one that is not a
+    /// valid tokenizer gives [`Error::Tokenizer`]; both name `path`.
+    pub fn from_file(path: &Path) -> Result<Tokenizer> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::Tokenizer {
+            path: path.to_path_buf(),
+            msg: format!("cannot parse: {e}"),
+        })?;
+        Ok(Tokenizer {
+            inner,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Loads `dir/tokenizer.json`.
+    pub fn from_model_dir(dir: &Path) -> Result<Tokenizer> {
+        Self::from_file(&dir.join("tokenizer.json"))
+    }
+
+    /// The `tokenizer.json` this tokenizer was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn err(&self, msg: impl std::fmt::Display) -> Error {
+        Error::Tokenizer {
+            path: self.path.clone(),
+            msg: msg.to_string(),
+        }
+    }
+
+    /// Encodes `text` into token ids. No special tokens are added (Qwen3 adds none), but
+    /// special-token text in the input, such as `<|im_start|>`, is recognised as that token.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| self.err(format_args!("cannot encode: {e}")))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decodes `ids` into text, special tokens included (`skip_special_tokens = false`).
+    /// An id with no token in the vocabulary gives [`Error::TokenOutOfRange`].
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.check_ids(ids)?;
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| self.err(format_args!("cannot decode: {e}")))
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        // `tokenizers` silently drops unknown ids; refuse them instead.
+        let vocab = self.vocab_size();
+        match ids
+            .iter()
+            .position(|&id| self.inner.id_to_token(id).is_none())
+        {
+            Some(index) => Err(Error::TokenOutOfRange {
+                id: ids[index],
+                index,
+                vocab,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The Qwen3 chat template for one user turn followed by the generation prompt:
+    /// `"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"`.
+    pub fn chat_prompt(user: &str) -> String {
+        format!("{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n")
+    }
+
+    /// Encodes [`Tokenizer::chat_prompt`]`(user)`.
+    pub fn encode_chat(&self, user: &str) -> Result<Vec<u32>> {
+        self.encode(&Self::chat_prompt(user))
+    }
+
+    /// The id of one token given by its vocabulary string (e.g. `"<|im_end|>"`), if it exists.
+    pub fn token_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The ids that end generation: `<|im_end|>` (151645) and `<|endoftext|>` (151643), those
+    /// present in this vocabulary, in that order.
+    pub fn eos_ids(&self) -> Vec<u32> {
+        [IM_END, END_OF_TEXT]
+            .iter()
+            .filter_map(|t| self.token_id(t))
+            .collect()
+    }
+
+    /// The number of tokens, added tokens included (151,669 for Qwen3). The model's embedding
+    /// table may be larger (Qwen3-0.6B pads it to 151,936).
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// A streaming decoder: feed it ids one at a time as they are generated.
+    pub fn stream(&self) -> TextStream<'_> {
+        TextStream {
+            tok: self,
+            ids: Vec::new(),
+            prefix: String::new(),
+            prefix_index: 0,
+        }
+    }
+}
+
+/// Incremental decoding for generation, from [`Tokenizer::stream`].
+///
+/// [`push`](TextStream::push) returns new text as soon as it is complete UTF-8; a character
+/// whose bytes are split over several tokens is held back until its last byte arrives.
+/// [`finish`](TextStream::finish) flushes whatever is still held back. Concatenating every piece
+/// emitted equals [`Tokenizer::decode`] of all the ids pushed.
+///
+/// Each step decodes only the tokens since the last emitted boundary plus the tokens of the
+/// previous piece (as context for decoders that depend on neighbours), so a step costs O(1) in
+/// the length of the stream.
+#[derive(Debug)]
+pub struct TextStream<'a> {
+    tok: &'a Tokenizer,
+    /// Context tokens (`ids[..prefix_index]`, already emitted) followed by pending ones.
+    ids: Vec<u32>,
+    /// The decoding of `ids[..prefix_index]`.
+    prefix: String,
+    prefix_index: usize,
+}
+
+impl TextStream<'_> {
+    /// Adds one token. Returns the text it completes, or `None` while a character is still
+    /// incomplete (or the token decodes to nothing).
+    pub fn push(&mut self, id: u32) -> Result<Option<String>> {
+        self.tok.check_ids(&[id])?;
+        self.ids.push(id);
+        let text = self.tok.decode(&self.ids)?;
+        if text.len() > self.prefix.len() && !text.ends_with(char::REPLACEMENT_CHARACTER) {
+            let piece = self.new_text(&text, id)?;
+            // The pending tokens become the context for the next step.
+            self.ids.drain(..self.prefix_index);
+            self.prefix = self.tok.decode(&self.ids)?;
+            self.prefix_index = self.ids.len();
+            Ok(Some(piece))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Ends the stream: returns the text of any tokens still held back (an incomplete character
+    /// decodes to U+FFFD, exactly as [`Tokenizer::decode`] would), or `None` if there are none.
+    pub fn finish(&mut self) -> Result<Option<String>> {
+        if self.ids.len() == self.prefix_index {
+            return Ok(None);
+        }
+        let text = self.tok.decode(&self.ids)?;
+        let last = *self.ids.last().expect("pending ids are non-empty");
+        let piece = self.new_text(&text, last)?;
+        self.ids.clear();
+        self.prefix.clear();
+        self.prefix_index = 0;
+        Ok((!piece.is_empty()).then_some(piece))
+    }
+
+    /// `text` minus the already-emitted prefix.
+    fn new_text(&self, text: &str, id: u32) -> Result<String> {
+        text.strip_prefix(self.prefix.as_str())
+            .map(str::to_string)
+            .ok_or_else(|| {
+                self.tok.err(format_args!(
+                    "streaming decode: token {id} changed already-emitted text {:?} into {text:?}",
+                    self.prefix
+                ))
+            })
+    }
+}

@@ -5,7 +5,15 @@
 #pragma once
 #include <linux/types.h>
 #include <linux/bpf.h>
+#include <linux/version.h>
 #include <bpf/bpf_helpers.h>
+
+/* Open-coded number iterators (bpf_for) need this uapi struct, which headers before 6.4 lack. */
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 4, 0)
+struct bpf_iter_num {
+	__u64 __opaque[1];
+} __attribute__((aligned(8)));
+#endif
 
 typedef __s8 s8;
 typedef __u8 u8;
@@ -25,3 +33,8 @@ typedef __u64 u64;
 
 /* Arena pointers travel through the ctx as the user-space addresses of the mmap. */
 #define ARENA_PTR(type, addr) ((type __arena *)(u64)(addr))
+
+/* for (int i = start; i < end; i++) as an open-coded iterator (bpf_for): the verifier checks the
+ * body once, not once per iteration. start and end must not change inside the loop. */
+#define FOR(i, start, end) \
+	for (int i##_once_ = 1, i = 0; i##_once_; i##_once_ = 0) bpf_for(i, start, end)

@@ -19,6 +19,14 @@ pub struct Region {
     pub len: usize,
 }
 
+impl Region {
+    /// The `len` bytes at byte offset `at` inside this region.
+    pub fn sub(self, at: usize, len: usize) -> Region {
+        assert!(at + len <= self.len, "sub-region {at}+{len} outside a region of {}", self.len);
+        Region { off: self.off + at, len }
+    }
+}
+
 /// User-space view of a BPF arena map: base address of libbpf's mmap and a bump allocator.
 #[derive(Debug)]
 pub struct Arena {

@@ -72,7 +72,8 @@ pub fn check_kernel() -> Result<()> {
 
 /// Turns a libbpf-rs failure while opening or loading `what` into the crate's error.
 pub(crate) fn load_error(what: &str, e: libbpf_rs::Error) -> Error {
-    if e.kind() == libbpf_rs::ErrorKind::PermissionDenied {
+    // EPERM is a missing capability; EACCES at load is the verifier's rejection.
+    if e.kind() == libbpf_rs::ErrorKind::PermissionDenied && format!("{e:#}").contains("os error 1)") {
         return Error::Privileges { what: format!("loading {what}"), capability: CAPABILITIES };
     }
     Error::Bpf { what: format!("loading {what}"), detail: format!("{e:#}") }

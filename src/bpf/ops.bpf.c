@@ -1,0 +1,431 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/* Every operator of the Qwen3 forward pass, as SEC("syscall") programs run with test_run.
+ *
+ * Bulk data (weights, activations, KV cache, tables, logits) lives in one BPF arena that user
+ * space fills through its mmap; each program's ctx carries only arena addresses and sizes.
+ * Formats are in fixed.h; src/fixed.rs holds a Rust twin of every operator computing the
+ * same integers. Long loops use open-coded iterators (bpf_for), so the verifier checks the
+ * body once instead of once per iteration. */
+#include "fixed.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+struct {
+	__uint(type, QB_MAP_TYPE_ARENA);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1); /* pages; set by user space before load */
+} arena SEC(".maps");
+
+/* ------------------------------------------------------------------ formats */
+
+struct formats_args {
+	u32 q_act, q_w, q_norm, q_nrm, q_one, q_scale, exp2_bits, pad;
+	s64 log2e_q30, act_max;
+};
+
+/* Reports fixed.h's constants, so that a test can compare them with src/fixed.rs. */
+SEC("syscall")
+int formats(struct formats_args *a)
+{
+	a->q_act = Q_ACT;
+	a->q_w = Q_W;
+	a->q_norm = Q_NORM;
+	a->q_nrm = Q_NRM;
+	a->q_one = Q_ONE;
+	a->q_scale = Q_SCALE;
+	a->exp2_bits = EXP2_BITS;
+	a->log2e_q30 = LOG2E_Q30;
+	a->act_max = ACT_MAX;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ embed */
+
+struct embed_args {
+	u64 table; /* s32 Q24 [vocab][dim] */
+	u64 x;     /* s32 Q16 [dim], out */
+	u32 token, dim;
+};
+
+/* x = embed_tokens[token], Q24 -> Q16. */
+SEC("syscall")
+int embed(struct embed_args *a)
+{
+	const s32 __arena *e = ARENA_PTR(const s32, a->table + (u64)a->token * a->dim * 4);
+	s32 __arena *x = ARENA_PTR(s32, a->x);
+
+	USE_ARENA(arena);
+	FOR(i, 0, a->dim)
+		x[i] = (s32)rshr(e[i], Q_W - Q_ACT);
+	return 0;
+}
+
+/* ------------------------------------------------------------------ RMSNorm */
+
+/* y = w * x / sqrt(mean(x^2) + eps) for one vector of n (<= 16384) elements; y may be x.
+ * eps_q32 = round(eps * 2^32). Steps: pre-shift s so that sum(x^2) fits u64; v = mean + eps;
+ * scale v by 4^e into [2^60, 2^62); r = isqrt -> inv = 2^62 / r, so that
+ * x / rms = x * inv * 2^(e - s - 46) (x in Q16); normalised value in Q24; times w (Q20) -> Q16. */
+static __noinline int rmsnorm_vec(u64 xa, u64 wa, u64 ya, u32 n, u64 eps_q32)
+{
+	const s32 __arena *x = ARENA_PTR(const s32, xa);
+	const s32 __arena *w = ARENA_PTR(const s32, wa);
+	s32 __arena *y = ARENA_PTR(s32, ya);
+	u64 maxabs = 0, ss = 0, v, r, inv;
+	u32 s = 0, e, sh;
+
+	if (n == 0 || n > 16384)
+		return 1;
+	FOR(i, 0, n) {
+		s64 xi = x[i];
+		u64 ax = xi < 0 ? -xi : xi;
+
+		if (ax > maxabs)
+			maxabs = ax;
+	}
+	if (bitlen(maxabs) > 24)
+		s = bitlen(maxabs) - 24;
+	FOR(i, 0, n) {
+		s64 xi = x[i];
+		u64 ax = (xi < 0 ? -xi : xi) >> s;
+
+		ss += ax * ax;
+	}
+	v = ss / n + (eps_q32 >> (2 * s));
+	if (v == 0)
+		v = 1;
+	e = (62 - bitlen(v)) / 2;
+	r = isqrt(v << (2 * e));
+	inv = (1ULL << 62) / r;
+	sh = 38 + s - e;
+	FOR(i, 0, n) {
+		s64 nrm = rshr((s64)x[i] * (s64)inv, sh & 63); /* Q24 */
+
+		y[i] = sat32(rshr(nrm * (s64)w[i], Q_NRM + Q_NORM - Q_ACT));
+	}
+	return 0;
+}
+
+struct rmsnorm_args {
+	u64 x;       /* s32 Q16 [nvec][n] */
+	u64 w;       /* s32 Q20 [n], shared by every vector */
+	u64 y;       /* s32 Q16 [nvec][n], out; may equal x */
+	u64 eps_q32; /* round(rms_norm_eps * 2^32) */
+	u32 n, nvec;
+	s32 ret;     /* out: 0, or 1 on bad n */
+	u32 pad;
+};
+
+/* RMSNorm of nvec consecutive vectors with one weight: hidden-wide (nvec = 1) or per head. */
+SEC("syscall")
+int rmsnorm(struct rmsnorm_args *a)
+{
+	u64 x = a->x, w = a->w, y = a->y, eps = a->eps_q32, stride = (u64)a->n * 4;
+	u32 n = a->n;
+	int ret = 0;
+
+	USE_ARENA(arena);
+	FOR(h, 0, a->nvec)
+		ret |= rmsnorm_vec(x + h * stride, w, y + h * stride, n, eps);
+	a->ret = ret;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ RoPE */
+
+/* Rotates one head in place: pairs (i, i + half), cos/sin Q30 [half] for this position. */
+static __noinline int rope_vec(u64 xa, u64 ca, u64 sa, u32 half)
+{
+	s32 __arena *x = ARENA_PTR(s32, xa);
+	const s32 __arena *c = ARENA_PTR(const s32, ca);
+	const s32 __arena *s = ARENA_PTR(const s32, sa);
+
+	FOR(i, 0, half) {
+		s64 a = x[i], b = x[i + half], ci = c[i], si = s[i];
+
+		x[i] = sat32(rshr(a * ci - b * si, Q_ONE));
+		x[i + half] = sat32(rshr(b * ci + a * si, Q_ONE));
+	}
+	return 0;
+}
+
+struct qk_norm_rope_args {
+	u64 q;       /* s32 Q16 [n_q][hd], in place; the k heads follow at k */
+	u64 k;       /* s32 Q16 [n_k][hd], in place */
+	u64 q_norm;  /* s32 Q20 [hd] */
+	u64 k_norm;  /* s32 Q20 [hd] */
+	u64 cos;     /* s32 Q30 [hd/2]: the table row of this position */
+	u64 sin;     /* s32 Q30 [hd/2] */
+	u64 eps_q32;
+	u32 n_q, n_k, hd;
+	s32 ret;
+};
+
+/* Qwen3's per-head q_norm / k_norm, then RoPE (rotate_half pairing i with i + hd/2). */
+SEC("syscall")
+int qk_norm_rope(struct qk_norm_rope_args *a)
+{
+	/* ctx fields are read once into registers: the verifier forbids ctx loads at offsets that
+	 * clang would otherwise compute from a select between two fields. */
+	u64 q = a->q, k = a->k, qn = a->q_norm, kn = a->k_norm, cs = a->cos, sn = a->sin;
+	u64 eps = a->eps_q32, stride = (u64)a->hd * 4;
+	u32 hd = a->hd, n_q = a->n_q, n_all = a->n_q + a->n_k;
+	int ret = 0;
+
+	OPAQUE(q);
+	OPAQUE(k);
+	OPAQUE(qn);
+	OPAQUE(kn);
+	USE_ARENA(arena);
+	FOR(h, 0, n_all) {
+		int is_q = h < n_q;
+		u64 v = is_q ? q + h * stride : k + (h - n_q) * stride;
+
+		ret |= rmsnorm_vec(v, is_q ? qn : kn, v, hd, eps);
+		rope_vec(v, cs, sn, hd / 2);
+	}
+	a->ret = ret;
+	return 0;
+}
+
+/* ------------------------------------------------------------------ matvec */
+
+struct matvec_args {
+	u64 w;        /* s32 Q24 [rows][k] */
+	u64 x;        /* s32 Q16 [k] */
+	u64 y;        /* s32 Q16 [rows], out */
+	u32 k;        /* columns, a multiple of 32, <= 16384 */
+	u32 row0, nrows;
+	u32 accumulate; /* 1: y += W x (the residual add), saturating; 0: y = W x */
+};
+
+/* sum_j w[j] * x[j] over k columns, Q24 x Q16 -> Q40, 8 columns per step. A global function:
+ * the verifier checks it once, on its own, not at every call site. */
+__noinline s64 dot_q24(u64 wa, u64 xa, u32 k)
+{
+	const s32 __arena *w = ARENA_PTR(const s32, wa);
+	const s32 __arena *x = ARENA_PTR(const s32, xa);
+	s64 acc = 0;
+
+	for (u32 b = 0; b < k / 8 && b < 2048; b++) {
+#pragma unroll
+		for (int j = 0; j < 8; j++)
+			acc += (s64)w[j] * x[j];
+		w += 8;
+		x += 8;
+	}
+	return acc;
+}
+
+/* Row loops run as bpf_loop callbacks: the verifier checks a callback once, with its ctx fields
+ * unknown, where an open-coded iterator around the long column loop would be re-verified until
+ * its state converged. */
+struct row_ctx {
+	u64 w, w2, x, y, tab, stride;
+	u32 k, row0, flag, best;
+	s64 best_val;
+};
+
+/* y[r] (+)= sat(round(W[r] . x / 2^24)) */
+static long matvec_row(u64 i, struct row_ctx *c)
+{
+	u32 r = c->row0 + (u32)i;
+	s32 __arena *y = ARENA_PTR(s32, c->y + (u64)r * 4);
+	s64 d = rshr(dot_q24(c->w + r * c->stride, c->x, c->k), Q_W);
+
+	*y = sat32(c->flag ? d + *y : d);
+	return 0;
+}
+
+/* y[r] (+)= sat(round(W[r] . x / 2^24)) for r in [row0, row0 + nrows). */
+SEC("syscall")
+int matvec(struct matvec_args *a)
+{
+	struct row_ctx c = { .w = a->w, .x = a->x, .y = a->y, .stride = (u64)a->k * 4,
+			     .k = a->k, .row0 = a->row0, .flag = a->accumulate };
+
+	USE_ARENA(arena);
+	return (int)bpf_loop(a->nrows, matvec_row, &c, 0) < 0;
+}
+
+struct gate_up_args {
+	u64 gate;     /* s32 Q24 [rows][k]: mlp.gate_proj */
+	u64 up;       /* s32 Q24 [rows][k]: mlp.up_proj */
+	u64 x;        /* s32 Q16 [k] */
+	u64 y;        /* s32 Q16 [rows], out: silu(gate x) * (up x) */
+	u64 exp2;     /* u32 Q30 [257] */
+	u32 k, row0, nrows, pad;
+};
+
+static long gate_up_row(u64 i, struct row_ctx *c)
+{
+	u32 r = c->row0 + (u32)i;
+	s32 __arena *y = ARENA_PTR(s32, c->y + (u64)r * 4);
+	s32 g = sat32(rshr(dot_q24(c->w + r * c->stride, c->x, c->k), Q_W));
+	s32 u = sat32(rshr(dot_q24(c->w2 + r * c->stride, c->x, c->k), Q_W));
+
+	*y = swiglu(g, u, ARENA_PTR(const u32, c->tab));
+	return 0;
+}
+
+/* The SwiGLU half of the MLP, fused: both projections of a row, then silu(g) * u. */
+SEC("syscall")
+int gate_up_swiglu(struct gate_up_args *a)
+{
+	struct row_ctx c = { .w = a->gate, .w2 = a->up, .x = a->x, .y = a->y, .tab = a->exp2,
+			     .stride = (u64)a->k * 4, .k = a->k, .row0 = a->row0 };
+
+	USE_ARENA(arena);
+	return (int)bpf_loop(a->nrows, gate_up_row, &c, 0) < 0;
+}
+
+/* ------------------------------------------------------------------ LM head + argmax */
+
+struct lm_head_args {
+	u64 w;       /* s32 Q24 [vocab][k] */
+	u64 x;       /* s32 Q16 [k] */
+	u64 y;       /* s32 Q16 [vocab] logits out, or 0 to skip writing them */
+	u32 k, row0, nrows;
+	u32 best;    /* out: argmax row (first on ties) */
+	s64 best_val; /* out: its logit, Q16 */
+};
+
+static long lm_head_row(u64 i, struct row_ctx *c)
+{
+	u32 r = c->row0 + (u32)i;
+	s32 l = sat32(rshr(dot_q24(c->w + r * c->stride, c->x, c->k), Q_W));
+
+	if (c->y)
+		*ARENA_PTR(s32, c->y + (u64)r * 4) = l;
+	if (l > c->best_val) {
+		c->best_val = l;
+		c->best = r;
+	}
+	return 0;
+}
+
+/* Logits for rows [row0, row0 + nrows) and their argmax, in one pass. */
+SEC("syscall")
+int lm_head_argmax(struct lm_head_args *a)
+{
+	struct row_ctx c = { .w = a->w, .x = a->x, .y = a->y, .stride = (u64)a->k * 4, .k = a->k,
+			     .row0 = a->row0, .best = a->row0, .best_val = -ACT_MAX - 1 };
+	long ret;
+
+	USE_ARENA(arena);
+	ret = bpf_loop(a->nrows, lm_head_row, &c, 0);
+	a->best = c.best;
+	a->best_val = c.best_val;
+	return (int)ret < 0;
+}
+
+/* ------------------------------------------------------------------ attention */
+
+struct attention_args {
+	u64 q;       /* s32 Q16 [n_q][hd]: after q_norm and RoPE */
+	u64 k;       /* s32 Q16 [n_kv][hd]: this position's key, after k_norm and RoPE */
+	u64 v;       /* s32 Q16 [n_kv][hd]: this position's value */
+	u64 k_cache; /* s32 Q16 [max_ctx][n_kv][hd] of this layer */
+	u64 v_cache; /* s32 Q16 [max_ctx][n_kv][hd] */
+	u64 probs;   /* u32 Q30 [n_q][max_ctx] scratch */
+	u64 acc;     /* s64 [n_q][hd] scratch */
+	u64 out;     /* s32 Q16 [n_q][hd], out */
+	u64 exp2;    /* u32 Q30 [257] */
+	u32 pos, max_ctx, n_q, n_kv, hd;
+	s32 scale_q22; /* round(hd^-0.5 * 2^22) */
+};
+
+/* q . k over hd (<= 512) dimensions, Q16 x Q16 -> Q32 (a global function, verified once). */
+__noinline s64 dot_head(u64 qa, u64 ka, u32 hd)
+{
+	const s32 __arena *q = ARENA_PTR(const s32, qa);
+	const s32 __arena *k = ARENA_PTR(const s32, ka);
+	s64 dot = 0;
+
+	for (u32 d = 0; d < hd && d < 512; d++)
+		dot += (s64)q[d] * k[d];
+	return dot;
+}
+
+/* acc[d] += p * v[d] over hd (<= 512) dimensions. */
+__noinline int axpy_head(u64 acca, u64 va, s64 p, u32 hd)
+{
+	s64 __arena *acc = ARENA_PTR(s64, acca);
+	const s32 __arena *v = ARENA_PTR(const s32, va);
+
+	for (u32 d = 0; d < hd && d < 512; d++)
+		acc[d] += p * v[d];
+	return 0;
+}
+
+/* One query head over positions 0..pos: scores, softmax, weighted sum of values. */
+static __noinline int attend_head(struct attention_args *a, u32 h)
+{
+	u32 hd = a->hd, npos = a->pos + 1;
+	u64 kvd4 = (u64)a->n_kv * a->hd * 4;
+	u32 kvh = h / (a->n_q / a->n_kv);
+	u64 q = a->q + (u64)h * hd * 4;
+	u64 kc = a->k_cache + (u64)kvh * hd * 4;
+	u64 vc = a->v_cache + (u64)kvh * hd * 4;
+	u64 acc = a->acc + (u64)h * hd * 8;
+	const u32 __arena *tab = ARENA_PTR(const u32, a->exp2);
+	u32 __arena *p = ARENA_PTR(u32, a->probs + (u64)h * a->max_ctx * 4);
+	s64 __arena *accp = ARENA_PTR(s64, acc);
+	s32 __arena *out = ARENA_PTR(s32, a->out + (u64)h * hd * 4);
+	s64 scale = a->scale_q22, m = -ACT_MAX;
+	u64 sum = 0;
+
+	/* 1. scores s_t = (q . k_t) * hd^-0.5 in Q16, kept (as s32) in p; their maximum m */
+	FOR(t, 0, npos) {
+		s64 s = rshr(dot_head(q, kc + t * kvd4, hd), Q_ACT); /* Q16 */
+
+		if (s > (1LL << 40))
+			s = 1LL << 40;
+		if (s < -(1LL << 40))
+			s = -(1LL << 40);
+		s = sat32(rshr(s * scale, Q_SCALE));
+		p[t] = (u32)(s32)s;
+		if (s > m)
+			m = s;
+	}
+	/* 2. unnormalised probabilities exp(s_t - m) in Q30 and their sum */
+	FOR(t, 0, npos) {
+		u64 d = (u64)(m - (s64)(s32)p[t]);
+
+		if (d > ACT_MAX)
+			d = ACT_MAX;
+		p[t] = (u32)exp_neg(d, tab);
+		sum += p[t];
+	}
+	/* 3. normalised probabilities (Q30) times values, accumulated per dimension */
+	FOR(d, 0, hd)
+		accp[d] = 0;
+	FOR(t, 0, npos)
+		axpy_head(acc, vc + t * kvd4, (s64)(((u64)p[t] << Q_ONE) / sum), hd);
+	FOR(d, 0, hd)
+		out[d] = sat32(rshr(accp[d], Q_ONE));
+	return 0;
+}
+
+/* Causal GQA attention at position pos: append this position's k and v to the layer's cache,
+ * then attend every query head (head h reads kv head h / (n_q / n_kv)). */
+SEC("syscall")
+int attention(struct attention_args *a)
+{
+	u32 kvd = a->n_kv * a->hd;
+	const s32 __arena *k = ARENA_PTR(const s32, a->k);
+	const s32 __arena *v = ARENA_PTR(const s32, a->v);
+	s32 __arena *kc = ARENA_PTR(s32, a->k_cache + (u64)a->pos * kvd * 4);
+	s32 __arena *vc = ARENA_PTR(s32, a->v_cache + (u64)a->pos * kvd * 4);
+
+	USE_ARENA(arena);
+	if (a->pos >= a->max_ctx || a->n_kv == 0 || a->n_q % a->n_kv || a->hd > 512)
+		return 1;
+	FOR(i, 0, kvd) {
+		kc[i] = k[i];
+		vc[i] = v[i];
+	}
+	FOR(h, 0, a->n_q)
+		attend_head(a, h);
+	return 0;
+}

@@ -1,0 +1,120 @@
+//! Helpers shared by the integration tests: the real Qwen3 tokenizer and synthetic checkpoints.
+//!
+//! Checkpoints are written under `CARGO_TARGET_TMPDIR/models/<tag>` at most once per test process
+//! and tag. A `synth.stamp` file records what was generated (a hash of `src/synth.rs`, the config
+//! and the options); when it matches, a later process reuses the files untouched, which keeps
+//! their modification times, and so [`Checkpoint::identity`](qwen_bpf::Checkpoint::identity) and
+//! any weight caches keyed on it, stable across runs. Files are replaced atomically, so processes
+//! racing on the same tag both end up with identical, complete checkpoints.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use qwen_bpf::synth::{self, Preset, SynthOptions};
+use qwen_bpf::Config;
+
+/// The real Qwen3 `tokenizer.json` (`../shared/qwen3-tokenizer/tokenizer.json`).
+pub fn tokenizer_path() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tokenizer/tokenizer.json");
+    assert!(
+        p.is_file(),
+        "the Qwen3 tokenizer is missing: expected {} (the tests need the real tokenizer.json)",
+        p.display()
+    );
+    p
+}
+
+/// Where checkpoints for `tag` live.
+pub fn model_dir(tag: &str) -> PathBuf {
+    assert!(
+        !tag.is_empty()
+            && tag
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)),
+        "model tag {tag:?} must be a plain file name"
+    );
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join("models")
+        .join(tag)
+}
+
+/// The `tiny` preset (tied embeddings, seed 0, transformers-4 keys) with the real tokenizer.
+pub fn tiny_model(tag: &str) -> PathBuf {
+    let opts = SynthOptions {
+        tokenizer: Some(tokenizer_path()),
+        ..Default::default()
+    };
+    model_with(tag, &Preset::Tiny.config(), &opts)
+}
+
+/// A checkpoint for `cfg` and `opts` (`opts.progress` is ignored) in `model_dir(tag)`, written once
+/// per process and tag. Using one tag for two different configs in one process panics.
+pub fn model_with(tag: &str, cfg: &Config, opts: &SynthOptions) -> PathBuf {
+    static DONE: OnceLock<Mutex<HashMap<String, u64>>> = OnceLock::new();
+    let dir = model_dir(tag);
+    let opts = SynthOptions {
+        progress: false,
+        ..opts.clone()
+    };
+    let stamp = stamp_of(cfg, &opts);
+    // Held while writing, so concurrent tests in this process wait for one complete checkpoint.
+    let mut done = DONE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    match done.get(tag) {
+        Some(&s) if s == stamp => return dir,
+        Some(_) => panic!("model tag {tag:?} was already used for a different config or options"),
+        None => {}
+    }
+    let stamp_path = dir.join("synth.stamp");
+    let complete = ["config.json", "model.safetensors"]
+        .iter()
+        .all(|f| dir.join(f).is_file())
+        && (opts.tokenizer.is_none() || dir.join("tokenizer.json").is_file());
+    let current = std::fs::read_to_string(&stamp_path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok());
+    if !(complete && current == Some(stamp)) {
+        // A stale stamp must not survive a crash half-way through the rewrite.
+        let _ = std::fs::remove_file(&stamp_path);
+        synth::write_checkpoint(&dir, cfg, &opts)
+            .unwrap_or_else(|e| panic!("writing the synthetic checkpoint {}: {e}", dir.display()));
+        let tmp = dir.join(format!(".synth.stamp.{}", std::process::id()));
+        std::fs::write(&tmp, format!("{stamp}\n")).expect("writing synth.stamp");
+        std::fs::rename(&tmp, &stamp_path).expect("renaming synth.stamp");
+    }
+    done.insert(tag.to_string(), stamp);
+    dir
+}
+
+/// A fresh, empty directory under `CARGO_TARGET_TMPDIR`, removed when dropped.
+pub fn scratch_dir() -> tempfile::TempDir {
+    let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(base).expect("creating CARGO_TARGET_TMPDIR");
+    tempfile::Builder::new()
+        .prefix("scratch-")
+        .tempdir_in(base)
+        .expect("creating a scratch directory")
+}
+
+/// Identifies what `write_checkpoint` would produce: the generator's source, config and options.
+fn stamp_of(cfg: &Config, opts: &SynthOptions) -> u64 {
+    let tokenizer = opts.tokenizer.as_ref().map(|p| {
+        let len = std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+        format!("{}:{len}", p.display())
+    });
+    let text = format!(
+        "{}\n{}\n{} {:?} {:?}",
+        include_str!("../../src/synth.rs"),
+        serde_json::to_string(cfg).expect("serialising the config"),
+        opts.seed,
+        opts.key_style,
+        tokenizer,
+    );
+    text.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01B3)
+    })
+}

@@ -1,0 +1,251 @@
+//! Every BPF operator against its Rust twin in `qwen_bpf::fixed`, bit for bit, on random inputs
+//! and on edge cases (largest norm weights, long attention history, negative and saturating
+//! values). These load real BPF programs: they need root (or CAP_BPF + CAP_PERFMON).
+
+use qwen_bpf::fixed::{self, AttnShape};
+use qwen_bpf::kernel::arena::Region;
+use qwen_bpf::kernel::ops::{AttentionBuffers, Ops};
+
+/// xorshift64*: deterministic test data.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// uniform in [-m, m]
+    fn sym(&mut self, m: i64) -> i32 {
+        ((self.next() % (2 * m as u64 + 1)) as i64 - m) as i32
+    }
+    fn vec(&mut self, n: usize, m: i64) -> Vec<i32> {
+        (0..n).map(|_| self.sym(m)).collect()
+    }
+}
+
+fn ops() -> Ops {
+    Ops::load(64 << 20).expect("loading the operator programs (needs root / CAP_BPF)")
+}
+
+fn put<T: bytemuck::Pod>(o: &mut Ops, data: &[T]) -> Region {
+    let r = o.arena.alloc(std::mem::size_of_val(data).max(8), "test data").unwrap();
+    o.arena.slice_mut::<T>(Region { len: std::mem::size_of_val(data), ..r }).copy_from_slice(data);
+    r
+}
+
+fn get(o: &Ops, r: Region, n: usize) -> Vec<i32> {
+    o.arena.slice::<i32>(Region { len: n * 4, ..r }).to_vec()
+}
+
+const EPS: f64 = 1e-6;
+
+#[test]
+fn formats_agree_between_fixed_h_and_fixed_rs() {
+    let f = ops().formats().unwrap();
+    assert_eq!(
+        (f.q_act, f.q_w, f.q_norm, f.q_nrm, f.q_one, f.q_scale, f.exp2_bits),
+        (fixed::Q_ACT, fixed::Q_W, fixed::Q_NORM, fixed::Q_NRM, fixed::Q_ONE, fixed::Q_SCALE, fixed::EXP2_BITS),
+        "Q formats in src/bpf/fixed.h vs src/fixed.rs"
+    );
+    assert_eq!((f.log2e_q30, f.act_max), (fixed::LOG2E_Q30, fixed::ACT_MAX), "LOG2E_Q30 and ACT_MAX");
+}
+
+#[test]
+fn matvec_matches_twin_including_accumulate_and_saturation() {
+    let mut o = ops();
+    let mut rng = Rng(1);
+    for (rows, k, wmax, xmax) in [(64, 1024, 1 << 22, 1 << 18), (96, 3072, 1 << 24, 1 << 24), (8, 32, (1 << 31) - 1, (1 << 31) - 1)] {
+        let w = rng.vec(rows * k, wmax);
+        let x = rng.vec(k, xmax);
+        let y0 = rng.vec(rows, 1 << 30);
+        let (rw, rx) = (put(&mut o, &w), put(&mut o, &x));
+        for acc in [false, true] {
+            let ry = put(&mut o, &y0);
+            // two row ranges, as a CPU split would use
+            o.matvec(rw, rx, ry, k, 0..rows / 2, acc).unwrap();
+            o.matvec(rw, rx, ry, k, rows / 2..rows, acc).unwrap();
+            let mut want = y0.clone();
+            fixed::matvec(&w, &x, 0..rows, acc, &mut want);
+            assert_eq!(get(&o, ry, rows), want, "matvec {rows}x{k} accumulate={acc}: BPF vs twin");
+        }
+    }
+}
+
+#[test]
+fn rmsnorm_matches_twin_hidden_and_per_head_with_large_weights() {
+    let mut o = ops();
+    let mut rng = Rng(2);
+    // (n, nvec, |x| max, |w| max): ordinary, per-head, tiny inputs, huge activations, k_norm-like 90.0 weights
+    for (n, nvec, xmax, wmax) in [
+        (1024, 1, 1 << 16, 1 << 21),
+        (128, 16, 1 << 17, 1 << 20),
+        (128, 8, 3, 90 << 20),
+        (1024, 1, (1 << 31) - 1, 1 << 20),
+        (64, 4, 1 << 12, (2047 << 20) + 1),
+    ] {
+        let x = rng.vec(n * nvec, xmax);
+        let w = rng.vec(n, wmax);
+        let (rx, rw) = (put(&mut o, &x), put(&mut o, &w));
+        let ry = o.arena.alloc(n * nvec * 4, "y").unwrap();
+        o.rmsnorm(rx, rw, ry, n, nvec, fixed::eps_q32(EPS)).unwrap();
+        let mut want = vec![0; n * nvec];
+        for (xv, yv) in x.chunks(n).zip(want.chunks_mut(n)) {
+            assert!(fixed::rmsnorm(xv, &w, fixed::eps_q32(EPS), yv));
+        }
+        assert_eq!(get(&o, ry, n * nvec), want, "rmsnorm n={n} nvec={nvec} |x|<={xmax} |w|<={wmax}: BPF vs twin");
+    }
+    // all-zero input: defined output (zeros), no division by zero
+    let z = put(&mut o, &[0i32; 64]);
+    let w = put(&mut o, &[1i32 << 20; 64]);
+    o.rmsnorm(z, w, z, 64, 1, fixed::eps_q32(EPS)).unwrap();
+    assert_eq!(get(&o, z, 64), vec![0; 64], "rmsnorm of zeros");
+}
+
+#[test]
+fn rmsnorm_twin_is_accurate() {
+    let mut rng = Rng(3);
+    let x: Vec<i32> = rng.vec(1024, 1 << 17);
+    let w: Vec<i32> = (0..1024).map(|i| (1 << 20) + (i as i32) * 1000).collect();
+    let mut y = vec![0; 1024];
+    fixed::rmsnorm(&x, &w, fixed::eps_q32(EPS), &mut y);
+    let xf: Vec<f64> = x.iter().map(|&v| v as f64 / 65536.0).collect();
+    let inv = 1.0 / (xf.iter().map(|v| v * v).sum::<f64>() / 1024.0 + EPS).sqrt();
+    for i in 0..1024 {
+        let want = xf[i] * inv * (w[i] as f64 / (1 << 20) as f64);
+        let got = y[i] as f64 / 65536.0;
+        assert!((got - want).abs() <= 2.0 / 65536.0, "rmsnorm[{i}]: fixed {got} vs f64 {want}");
+    }
+}
+
+#[test]
+fn qk_norm_rope_matches_twin() {
+    let mut o = ops();
+    let mut rng = Rng(4);
+    let (n_q, n_k, hd, max_ctx) = (16, 8, 128, 64);
+    let (cos, sin) = fixed::rope_tables(1e6, hd, max_ctx);
+    let (rcos, rsin) = (put(&mut o, &cos), put(&mut o, &sin));
+    let mut qn = rng.vec(hd, 1 << 20);
+    let mut kn = rng.vec(hd, 1 << 20);
+    qn[5] = 1 << 17; // small q_norm where k_norm is large, like real Qwen3
+    kn[5] = 90 << 20;
+    let (rqn, rkn) = (put(&mut o, &qn), put(&mut o, &kn));
+    for pos in [0, 1, 37, 63] {
+        let mut q = rng.vec(n_q * hd, 1 << 19);
+        let mut k = rng.vec(n_k * hd, 1 << 19);
+        let (rq, rk) = (put(&mut o, &q), put(&mut o, &k));
+        let row = |r: Region| r.sub(pos * hd / 2 * 4, hd / 2 * 4);
+        o.qk_norm_rope(rq, rk, rqn, rkn, row(rcos), row(rsin), n_q, n_k, hd, fixed::eps_q32(EPS)).unwrap();
+        let half = hd / 2;
+        let (c, s) = (&cos[pos * half..(pos + 1) * half], &sin[pos * half..(pos + 1) * half]);
+        fixed::qk_norm_rope(&mut q, &mut k, &qn, &kn, c, s, hd, fixed::eps_q32(EPS));
+        assert_eq!(get(&o, rq, n_q * hd), q, "q after q_norm+RoPE at pos {pos}: BPF vs twin");
+        assert_eq!(get(&o, rk, n_k * hd), k, "k after k_norm+RoPE at pos {pos}: BPF vs twin");
+    }
+}
+
+#[test]
+fn gate_up_swiglu_matches_twin_over_the_silu_range() {
+    let mut o = ops();
+    let mut rng = Rng(5);
+    let tab = fixed::exp2_table();
+    let rt = put(&mut o, &tab);
+    for (rows, k, wmax, xmax) in [(64, 1024, 1 << 22, 1 << 18), (32, 256, 1 << 24, 1 << 22)] {
+        let g = rng.vec(rows * k, wmax);
+        let u = rng.vec(rows * k, wmax);
+        let x = rng.vec(k, xmax);
+        let (rg, ru, rx) = (put(&mut o, &g), put(&mut o, &u), put(&mut o, &x));
+        let ry = o.arena.alloc(rows * 4, "y").unwrap();
+        o.gate_up_swiglu(rg, ru, rx, ry, rt, k, 0..rows).unwrap();
+        let mut want = vec![0; rows];
+        fixed::gate_up_swiglu(&g, &u, &x, 0..rows, &tab, &mut want);
+        assert_eq!(get(&o, ry, rows), want, "gate_up_swiglu {rows}x{k}: BPF vs twin");
+    }
+    // the scalar silu against f64, from -40 to 40
+    for i in -400..=400 {
+        let gv = i as f64 / 10.0;
+        let got = fixed::swiglu((gv * 65536.0) as i32, 65536, &tab) as f64 / 65536.0;
+        let want = gv / (1.0 + (-gv).exp());
+        assert!((got - want).abs() < 4e-5, "silu({gv}) = {got}, want {want}");
+    }
+}
+
+#[test]
+fn lm_head_argmax_matches_twin() {
+    let mut o = ops();
+    let mut rng = Rng(6);
+    let (rows, k) = (5000, 64);
+    let w = rng.vec(rows * k, 1 << 23);
+    let x = rng.vec(k, 1 << 18);
+    let (rw, rx) = (put(&mut o, &w), put(&mut o, &x));
+    let ry = o.arena.alloc(rows * 4, "logits").unwrap();
+    let (a, av) = o.lm_head_argmax(rw, rx, Some(ry), k, 0..3000).unwrap();
+    let (b, bv) = o.lm_head_argmax(rw, rx, Some(ry), k, 3000..rows).unwrap();
+    let mut want = vec![0; rows];
+    let (wa, wav) = fixed::lm_head_argmax(&w, &x, 0..3000, Some(&mut want));
+    let (wb, wbv) = fixed::lm_head_argmax(&w, &x, 3000..rows, Some(&mut want));
+    assert_eq!(get(&o, ry, rows), want, "logits: BPF vs twin");
+    assert_eq!(((a, av), (b, bv)), ((wa, wav), (wb, wbv)), "argmax per row range: BPF vs twin");
+    // ties go to the first row
+    let w2 = vec![1 << 20; 4 * 32];
+    let x2 = vec![1 << 16; 32];
+    let (rw2, rx2) = (put(&mut o, &w2), put(&mut o, &x2));
+    assert_eq!(o.lm_head_argmax(rw2, rx2, None, 32, 0..4).unwrap().0, 0, "argmax tie goes to row 0");
+}
+
+#[test]
+fn attention_matches_twin_over_a_long_history() {
+    let mut o = ops();
+    let mut rng = Rng(7);
+    let s = AttnShape { n_q: 16, n_kv: 8, hd: 128, max_ctx: 300 };
+    let tab = fixed::exp2_table();
+    let scale = fixed::attn_scale_q22(s.hd);
+    let kvd = s.n_kv * s.hd;
+    let b = AttentionBuffers {
+        q: o.arena.alloc(s.n_q * s.hd * 4, "q").unwrap(),
+        k: o.arena.alloc(kvd * 4, "k").unwrap(),
+        v: o.arena.alloc(kvd * 4, "v").unwrap(),
+        k_cache: o.arena.alloc(s.max_ctx * kvd * 4, "kc").unwrap(),
+        v_cache: o.arena.alloc(s.max_ctx * kvd * 4, "vc").unwrap(),
+        probs: o.arena.alloc(s.n_q * s.max_ctx * 4, "p").unwrap(),
+        acc: o.arena.alloc(s.n_q * s.hd * 8, "acc").unwrap(),
+        out: o.arena.alloc(s.n_q * s.hd * 4, "out").unwrap(),
+        exp2: put(&mut o, &tab),
+    };
+    let mut kc = vec![0; s.max_ctx * kvd];
+    let mut vc = vec![0; s.max_ctx * kvd];
+    let mut out = vec![0; s.n_q * s.hd];
+    for pos in 0..s.max_ctx {
+        // large keys now and then (k_norm outliers) make peaked softmaxes; negative values throughout
+        let kmax = if pos % 17 == 3 { 1 << 26 } else { 1 << 18 };
+        let q = rng.vec(s.n_q * s.hd, 1 << 18);
+        let k = rng.vec(kvd, kmax);
+        let v = rng.vec(kvd, 1 << 20);
+        o.arena.slice_mut::<i32>(b.q).copy_from_slice(&q);
+        o.arena.slice_mut::<i32>(b.k).copy_from_slice(&k);
+        o.arena.slice_mut::<i32>(b.v).copy_from_slice(&v);
+        o.attention(&b, pos, s, scale).unwrap();
+        fixed::attention(&q, &k, &v, &mut kc, &mut vc, pos, s, scale, &tab, &mut out);
+        if pos % 50 == 0 || pos == s.max_ctx - 1 {
+            assert_eq!(get(&o, b.k_cache, s.max_ctx * kvd), kc, "k cache at pos {pos}");
+        }
+        assert_eq!(get(&o, b.out, s.n_q * s.hd), out, "attention output at pos {pos}: BPF vs twin");
+    }
+    assert!(o.attention(&b, s.max_ctx, s, scale).is_err(), "pos == max_ctx must be refused by the kernel");
+}
+
+#[test]
+fn embed_matches_twin() {
+    let mut o = ops();
+    let mut rng = Rng(8);
+    let (vocab, dim) = (100, 64);
+    let t = rng.vec(vocab * dim, (1 << 31) - 1);
+    let rt = put(&mut o, &t);
+    let rx = o.arena.alloc(dim * 4, "x").unwrap();
+    for tok in [0u32, 57, 99] {
+        o.embed(rt, tok, dim, rx).unwrap();
+        let mut want = vec![0; dim];
+        fixed::embed(&t, tok as usize, dim, &mut want);
+        assert_eq!(get(&o, rx, dim), want, "embed row {tok}");
+    }
+}
