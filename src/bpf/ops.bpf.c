@@ -429,3 +429,6 @@ int attention(struct attention_args *a)
 		attend_head(a, h);
 	return 0;
 }
+
+/* ------------------------------------------------------------------ low-bit SWAR kernels */
+#include "swar.bpf.h"

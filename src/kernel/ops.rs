@@ -5,7 +5,7 @@ use std::mem::{ManuallyDrop, MaybeUninit};
 use std::ops::Range;
 use std::os::fd::AsFd;
 
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::OpenObject;
 
 use super::arena::{self, Arena, Region, MAX_ARENA_BYTES, PAGE};
@@ -81,18 +81,19 @@ impl Ops {
         self.runs
     }
 
-    fn run<T>(&mut self, which: Prog, args: &mut T) -> Result<()> {
-        let p = &self.skel.progs;
-        let (prog, name) = match which {
-            Prog::Formats => (&p.formats, "formats"),
-            Prog::Embed => (&p.embed, "embed"),
-            Prog::Rmsnorm => (&p.rmsnorm, "rmsnorm"),
-            Prog::QkNormRope => (&p.qk_norm_rope, "qk_norm_rope"),
-            Prog::Matvec => (&p.matvec, "matvec"),
-            Prog::GateUp => (&p.gate_up_swiglu, "gate_up_swiglu"),
-            Prog::LmHead => (&p.lm_head_argmax, "lm_head_argmax"),
-            Prog::Attention => (&p.attention, "attention"),
-        };
+    /// Runs program `name` of the object once with `args` as its ctx; a non-zero return value
+    /// (the programs' "bad arguments") is an error.
+    pub(crate) fn addr_of(&self, r: Region) -> u64 {
+        self.arena.addr(r)
+    }
+
+    pub(crate) fn run<T>(&mut self, name: &str, args: &mut T) -> Result<()> {
+        let prog = self
+            .skel
+            .object()
+            .progs()
+            .find(|p| p.name() == name)
+            .ok_or_else(|| Error::Bpf { what: name.into(), detail: "no such program in ops.bpf.c".into() })?;
         let rc = test_run(prog.as_fd(), name, args)?;
         self.runs += 1;
         if rc != 0 {
@@ -108,14 +109,14 @@ impl Ops {
     /// The fixed-point constants compiled into the programs (see `src/bpf/fixed.h`).
     pub fn formats(&mut self) -> Result<Formats> {
         let mut a = Formats::default();
-        self.run(Prog::Formats, &mut a)?;
+        self.run("formats", &mut a)?;
         Ok(a)
     }
 
     /// `x = table[token]` (Q24 → Q16), `dim` wide.
     pub fn embed(&mut self, table: Region, token: u32, dim: usize, x: Region) -> Result<()> {
         let mut a = embed_args { table: self.addr(table), x: self.addr(x), token, dim: dim as u32 };
-        self.run(Prog::Embed, &mut a)
+        self.run("embed", &mut a)
     }
 
     /// RMSNorm of `nvec` consecutive `n`-wide vectors at `x` into `y` (may equal `x`).
@@ -129,7 +130,7 @@ impl Ops {
             nvec: nvec as u32,
             ..Default::default()
         };
-        self.run(Prog::Rmsnorm, &mut a)?;
+        self.run("rmsnorm", &mut a)?;
         check_ret("rmsnorm", a.ret)
     }
 
@@ -149,7 +150,7 @@ impl Ops {
             hd: hd as u32,
             ret: 0,
         };
-        self.run(Prog::QkNormRope, &mut a)?;
+        self.run("qk_norm_rope", &mut a)?;
         check_ret("qk_norm_rope", a.ret)
     }
 
@@ -164,7 +165,7 @@ impl Ops {
             nrows: rows.len() as u32,
             accumulate: accumulate as u32,
         };
-        self.run(Prog::Matvec, &mut a)
+        self.run("matvec", &mut a)
     }
 
     /// `y[r] = silu(gate[r]·x) * (up[r]·x)` for r in `rows`.
@@ -181,7 +182,7 @@ impl Ops {
             nrows: rows.len() as u32,
             pad: 0,
         };
-        self.run(Prog::GateUp, &mut a)
+        self.run("gate_up_swiglu", &mut a)
     }
 
     /// Logits of `rows` (into `y` when given) and their argmax: (row, logit Q16).
@@ -195,7 +196,7 @@ impl Ops {
             nrows: rows.len() as u32,
             ..Default::default()
         };
-        self.run(Prog::LmHead, &mut a)?;
+        self.run("lm_head_argmax", &mut a)?;
         Ok((a.best as usize, a.best_val as i32))
     }
 
@@ -218,7 +219,7 @@ impl Ops {
             hd: s.hd as u32,
             scale_q22,
         };
-        self.run(Prog::Attention, &mut a)
+        self.run("attention", &mut a)
     }
 }
 
@@ -243,18 +244,6 @@ pub struct AttentionBuffers {
     pub out: Region,
     /// The exp2 table.
     pub exp2: Region,
-}
-
-#[derive(Clone, Copy)]
-enum Prog {
-    Formats,
-    Embed,
-    Rmsnorm,
-    QkNormRope,
-    Matvec,
-    GateUp,
-    LmHead,
-    Attention,
 }
 
 fn open_and_load(storage: &'static mut MaybeUninit<OpenObject>, pages: u32) -> Result<OpsSkel<'static>> {
