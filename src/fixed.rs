@@ -6,8 +6,14 @@
 
 use crate::{Error, Result};
 
-/// Activations, residual stream, K/V cache and logits: i32 Q16 (range ±32768).
+/// Activations, K/V cache and logits: i32 Q16 (range ±32768).
 pub const Q_ACT: u32 = 16;
+/// The residual stream: i64 Q32, so that it keeps ~30 significant bits even where its rms is
+/// small (embeddings are ~0.03: Q16 would leave 11).
+pub const Q_RES: u32 = 32;
+/// Queries after q_norm and RoPE: i32 Q22 (|q| < 512); their rounding error is multiplied by the
+/// keys, which reach ~1000 where `k_norm` is large.
+pub const Q_Q: u32 = 22;
 /// Linear weights and embeddings: i32 Q24 (|w| < 128).
 pub const Q_W: u32 = 24;
 /// RMSNorm weights: i32 Q20 (|w| < 2048; real Qwen3 `k_norm` exceeds Q24's range).
@@ -24,6 +30,8 @@ pub const EXP2_BITS: u32 = 8;
 pub const LOG2E_Q30: i64 = 1_549_082_005;
 /// Activations saturate to ±ACT_MAX.
 pub const ACT_MAX: i64 = i32::MAX as i64;
+/// The residual stream saturates to ±RES_MAX.
+pub const RES_MAX: i64 = 1 << 62;
 
 /// Round-half-up arithmetic shift right by `sh >= 1` (no overflow from adding 2^(sh-1)).
 #[inline(always)]
@@ -51,14 +59,20 @@ pub fn to_fixed(v: f32, q: u32, format: &'static str, name: &str, index: usize) 
     Ok(x as i32)
 }
 
+/// Saturates to the residual range.
+#[inline(always)]
+pub fn sat_res(v: i64) -> i64 {
+    v.clamp(-RES_MAX, RES_MAX)
+}
+
 /// A fixed-point value with `q` fractional bits as f32.
 pub fn from_fixed(v: i32, q: u32) -> f32 {
     (v as f64 / (1u64 << q) as f64) as f32
 }
 
-/// `round(eps * 2^32)`, the epsilon the RMSNorm operators take.
-pub fn eps_q32(eps: f64) -> u64 {
-    (eps * 4_294_967_296.0).round() as u64
+/// `round(eps * 2^64)`, the epsilon the RMSNorm operators take (eps < 1).
+pub fn eps_q64(eps: f64) -> u64 {
+    (eps * 18_446_744_073_709_551_616.0).round() as u64
 }
 
 /// `round(head_dim^-0.5 * 2^22)`, the attention scale.
@@ -129,27 +143,32 @@ pub fn swiglu(g: i32, u: i32, tab: &[u32; 257]) -> i32 {
     sat32(rshr(silu.wrapping_mul(u as i64), Q_ACT))
 }
 
-/// RMSNorm of one vector: `y = w * x / sqrt(mean(x²) + eps)`; x, y Q16, w Q20.
-/// Returns false (leaving y alone) for an empty or over-long vector, as the kernel does.
-pub fn rmsnorm(x: &[i32], w: &[i32], eps_q32: u64, y: &mut [i32]) -> bool {
+/// RMSNorm of one vector: `y = w * x / sqrt(mean(x²) + eps)`; x in Q32 (the residual stream, or
+/// Q16 activations shifted left by 16), w Q20, y in Q`q_out`. Returns false (leaving y alone) for an
+/// empty or over-long vector, as the kernel does.
+pub fn rmsnorm(x: &[i64], w: &[i32], eps_q64: u64, q_out: u32, y: &mut [i32]) -> bool {
     let n = x.len();
     if n == 0 || n > 16384 {
         return false;
     }
-    let maxabs = x.iter().map(|&v| (v as i64).unsigned_abs()).max().unwrap_or(0);
+    let maxabs = x.iter().map(|&v| v.unsigned_abs()).max().unwrap_or(0);
     let s = bitlen(maxabs).saturating_sub(24);
-    let ss: u64 = x.iter().map(|&v| ((v as i64).unsigned_abs() >> s).pow(2)).fold(0u64, u64::wrapping_add);
-    let v = (ss / n as u64 + (eps_q32 >> (2 * s))).max(1);
+    let ss: u64 = x.iter().map(|&v| (v.unsigned_abs() >> s).pow(2)).fold(0u64, u64::wrapping_add);
+    let v = (ss / n as u64 + if s < 32 { eps_q64 >> (2 * s) } else { 0 }).max(1);
     let e = (62 - bitlen(v)) / 2;
     let r = isqrt(v << (2 * e));
     debug_assert!(r * r <= v << (2 * e) && (r + 1) * (r + 1) > v << (2 * e));
     let inv = (1u64 << 62) / r;
-    let sh = (38 + s - e) & 63;
     for i in 0..n {
-        let nrm = rshr((x[i] as i64).wrapping_mul(inv as i64), sh);
-        y[i] = sat32(rshr(nrm.wrapping_mul(w[i] as i64), Q_NRM + Q_NORM - Q_ACT));
+        let nrm = rshr((x[i] >> s).wrapping_mul(inv as i64), (38 - e) & 63);
+        y[i] = sat32(rshr(nrm.wrapping_mul(w[i] as i64), Q_NRM + Q_NORM - q_out));
     }
     true
+}
+
+/// Q16 activations as Q32, the form [`rmsnorm`] takes.
+pub fn q16_to_q32(x: &[i32]) -> Vec<i64> {
+    x.iter().map(|&v| (v as i64) << (Q_RES - Q_ACT)).collect()
 }
 
 /// RoPE of one head in place: pairs (i, i + half), cos/sin Q30 rows of this position.
@@ -162,13 +181,13 @@ pub fn rope(x: &mut [i32], cos: &[i32], sin: &[i32]) {
     }
 }
 
-/// Per-head q_norm / k_norm then RoPE, in place, for the `n_q` query heads in `q` and the key
-/// heads in `k` (each `hd` wide).
-pub fn qk_norm_rope(q: &mut [i32], k: &mut [i32], q_norm: &[i32], k_norm: &[i32], cos: &[i32], sin: &[i32], hd: usize, eps_q32: u64) {
-    for (heads, w) in [(q, q_norm), (k, k_norm)] {
+/// Per-head q_norm / k_norm then RoPE, in place, for the query heads in `q` (Q16 in, Q22 out) and
+/// the key heads in `k` (Q16), each `hd` wide.
+pub fn qk_norm_rope(q: &mut [i32], k: &mut [i32], q_norm: &[i32], k_norm: &[i32], cos: &[i32], sin: &[i32], hd: usize, eps_q64: u64) {
+    for (heads, w, q_out) in [(q, q_norm, Q_Q), (k, k_norm, Q_ACT)] {
         for h in heads.chunks_exact_mut(hd) {
-            let x = h.to_vec();
-            rmsnorm(&x, w, eps_q32, h);
+            let x = q16_to_q32(h);
+            rmsnorm(&x, w, eps_q64, q_out, h);
             rope(h, cos, sin);
         }
     }
@@ -180,12 +199,19 @@ pub fn dot_q24(w: &[i32], x: &[i32]) -> i64 {
     w.iter().zip(x).fold(0i64, |acc, (&a, &b)| acc.wrapping_add(a as i64 * b as i64))
 }
 
-/// `y[r] (+)= sat(round(W[r]·x / 2^24))` for r in `rows`; W is `[rows][k]` Q24 with k = x.len().
-pub fn matvec(w: &[i32], x: &[i32], rows: std::ops::Range<usize>, accumulate: bool, y: &mut [i32]) {
+/// `y[r] = sat(round(W[r]·x / 2^24))` (Q16) for r in `rows`; W is `[rows][k]` Q24, k = x.len().
+pub fn matvec(w: &[i32], x: &[i32], rows: std::ops::Range<usize>, y: &mut [i32]) {
     let k = x.len();
     for r in rows {
-        let d = rshr(dot_q24(&w[r * k..(r + 1) * k], x), Q_W);
-        y[r] = sat32(if accumulate { d + y[r] as i64 } else { d });
+        y[r] = sat32(rshr(dot_q24(&w[r * k..(r + 1) * k], x), Q_W));
+    }
+}
+
+/// The residual add: `y[r] = sat(y[r] + round(W[r]·x / 2^8))`, y the i64 Q32 residual stream.
+pub fn matvec_residual(w: &[i32], x: &[i32], rows: std::ops::Range<usize>, y: &mut [i64]) {
+    let k = x.len();
+    for r in rows {
+        y[r] = sat_res(y[r].wrapping_add(rshr(dot_q24(&w[r * k..(r + 1) * k], x), Q_W + Q_ACT - Q_RES)));
     }
 }
 
@@ -248,7 +274,7 @@ pub fn attention(q: &[i32], k: &[i32], v: &[i32], k_cache: &mut [i32], v_cache: 
         for (t, pt) in p.iter_mut().enumerate() {
             let kt = &k_cache[t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd];
             let dot = qh.iter().zip(kt).fold(0i64, |a, (&x, &y)| a.wrapping_add(x as i64 * y as i64));
-            let sc = rshr(dot, Q_ACT).clamp(-(1 << 40), 1 << 40);
+            let sc = rshr(dot, Q_Q).clamp(-(1 << 40), 1 << 40);
             let sc = sat32(rshr(sc * scale_q22 as i64, Q_SCALE)) as i64;
             *pt = sc as i32 as u32;
             m = m.max(sc);
@@ -275,9 +301,9 @@ pub fn attention(q: &[i32], k: &[i32], v: &[i32], k_cache: &mut [i32], v_cache: 
     }
 }
 
-/// `x = embed[token]`, Q24 → Q16.
-pub fn embed(table: &[i32], token: usize, dim: usize, x: &mut [i32]) {
+/// `x = embed[token]`, Q24 → the Q32 residual stream (exact).
+pub fn embed(table: &[i32], token: usize, dim: usize, x: &mut [i64]) {
     for (xi, &e) in x.iter_mut().zip(&table[token * dim..(token + 1) * dim]) {
-        *xi = rshr(e as i64, Q_W - Q_ACT) as i32;
+        *xi = (e as i64) << (Q_RES - Q_W);
     }
 }

@@ -14,10 +14,27 @@ pub mod config;
 pub mod error;
 pub mod fixed;
 pub mod kernel;
+pub mod model;
 pub mod reference;
+pub mod store;
 pub mod synth;
 pub mod tokenizer;
+pub mod twin;
 
 pub use checkpoint::Checkpoint;
 pub use config::Config;
 pub use error::{Error, Result};
+pub use model::{KernelMemory, Model, ModelOptions};
+pub use store::Backend;
+
+/// A progress bar on stderr for long conversions (`total` items).
+pub(crate) fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>6} [{bar:40}] {percent:>3}% {elapsed_precise} eta {eta}")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}

@@ -49,34 +49,39 @@ fn formats_agree_between_fixed_h_and_fixed_rs() {
         "Q formats in src/bpf/fixed.h vs src/fixed.rs"
     );
     assert_eq!((f.log2e_q30, f.act_max), (fixed::LOG2E_Q30, fixed::ACT_MAX), "LOG2E_Q30 and ACT_MAX");
+    assert_eq!((f.q_res, f.res_max, f.q_q), (fixed::Q_RES, fixed::RES_MAX, fixed::Q_Q), "Q_RES, RES_MAX and Q_Q");
 }
 
 #[test]
-fn matvec_matches_twin_including_accumulate_and_saturation() {
+fn matvec_matches_twin_including_residual_add_and_saturation() {
     let mut o = ops();
     let mut rng = Rng(1);
     for (rows, k, wmax, xmax) in [(64, 1024, 1 << 22, 1 << 18), (96, 3072, 1 << 24, 1 << 24), (8, 32, (1 << 31) - 1, (1 << 31) - 1)] {
         let w = rng.vec(rows * k, wmax);
         let x = rng.vec(k, xmax);
-        let y0 = rng.vec(rows, 1 << 30);
         let (rw, rx) = (put(&mut o, &w), put(&mut o, &x));
-        for acc in [false, true] {
-            let ry = put(&mut o, &y0);
-            // two row ranges, as a CPU split would use
-            o.matvec(rw, rx, ry, k, 0..rows / 2, acc).unwrap();
-            o.matvec(rw, rx, ry, k, rows / 2..rows, acc).unwrap();
-            let mut want = y0.clone();
-            fixed::matvec(&w, &x, 0..rows, acc, &mut want);
-            assert_eq!(get(&o, ry, rows), want, "matvec {rows}x{k} accumulate={acc}: BPF vs twin");
-        }
+        // y = W x (Q16), in two row ranges, as a CPU split would use
+        let ry = o.arena.alloc(rows * 4, "y").unwrap();
+        o.matvec(rw, rx, ry, k, 0..rows / 2, false).unwrap();
+        o.matvec(rw, rx, ry, k, rows / 2..rows, false).unwrap();
+        let mut want = vec![0; rows];
+        fixed::matvec(&w, &x, 0..rows, &mut want);
+        assert_eq!(get(&o, ry, rows), want, "matvec {rows}x{k}: BPF vs twin");
+        // residual add into an i64 Q32 stream, including values next to the saturation bound
+        let mut res: Vec<i64> = (0..rows).map(|i| if i % 4 == 0 { fixed::RES_MAX - 5 } else { rng.sym(1 << 30) as i64 * 4096 }).collect();
+        let rres = put(&mut o, &res);
+        o.matvec(rw, rx, rres, k, 0..rows, true).unwrap();
+        fixed::matvec_residual(&w, &x, 0..rows, &mut res);
+        assert_eq!(o.arena.slice::<i64>(Region { len: rows * 8, ..rres }), &res[..], "residual add {rows}x{k}: BPF vs twin");
     }
 }
 
 #[test]
-fn rmsnorm_matches_twin_hidden_and_per_head_with_large_weights() {
+fn rmsnorm_matches_twin_wide_and_per_head_with_large_weights() {
     let mut o = ops();
     let mut rng = Rng(2);
-    // (n, nvec, |x| max, |w| max): ordinary, per-head, tiny inputs, huge activations, k_norm-like 90.0 weights
+    let eps = fixed::eps_q64(EPS);
+    // (n, nvec, |x| max in Q16, |w| max): ordinary, per-head, tiny inputs, huge activations, k_norm-like weights
     for (n, nvec, xmax, wmax) in [
         (1024, 1, 1 << 16, 1 << 21),
         (128, 16, 1 << 17, 1 << 20),
@@ -88,33 +93,47 @@ fn rmsnorm_matches_twin_hidden_and_per_head_with_large_weights() {
         let w = rng.vec(n, wmax);
         let (rx, rw) = (put(&mut o, &x), put(&mut o, &w));
         let ry = o.arena.alloc(n * nvec * 4, "y").unwrap();
-        o.rmsnorm(rx, rw, ry, n, nvec, fixed::eps_q32(EPS)).unwrap();
+        o.rmsnorm(rx, false, rw, ry, n, nvec, eps).unwrap();
         let mut want = vec![0; n * nvec];
         for (xv, yv) in x.chunks(n).zip(want.chunks_mut(n)) {
-            assert!(fixed::rmsnorm(xv, &w, fixed::eps_q32(EPS), yv));
+            assert!(fixed::rmsnorm(&fixed::q16_to_q32(xv), &w, eps, fixed::Q_ACT, yv));
         }
-        assert_eq!(get(&o, ry, n * nvec), want, "rmsnorm n={n} nvec={nvec} |x|<={xmax} |w|<={wmax}: BPF vs twin");
+        assert_eq!(get(&o, ry, n * nvec), want, "rmsnorm (Q16 input) n={n} nvec={nvec} |x|<={xmax} |w|<={wmax}: BPF vs twin");
+    }
+    // the wide (i64 Q32 residual) form, from tiny to saturated values
+    for (n, xmax) in [(1024usize, 1i64 << 26), (64, 1 << 40), (1024, fixed::RES_MAX), (16, 7)] {
+        let x: Vec<i64> = (0..n).map(|_| ((rng.next() % (2 * xmax as u64 + 1)) as i64).wrapping_sub(xmax)).collect();
+        let w = rng.vec(n, 4 << 20);
+        let (rx, rw) = (put(&mut o, &x), put(&mut o, &w));
+        let ry = o.arena.alloc(n * 4, "y").unwrap();
+        o.rmsnorm(rx, true, rw, ry, n, 1, eps).unwrap();
+        let mut want = vec![0; n];
+        assert!(fixed::rmsnorm(&x, &w, eps, fixed::Q_ACT, &mut want));
+        assert_eq!(get(&o, ry, n), want, "rmsnorm (Q32 residual input) n={n} |x|<={xmax}: BPF vs twin");
     }
     // all-zero input: defined output (zeros), no division by zero
     let z = put(&mut o, &[0i32; 64]);
     let w = put(&mut o, &[1i32 << 20; 64]);
-    o.rmsnorm(z, w, z, 64, 1, fixed::eps_q32(EPS)).unwrap();
+    o.rmsnorm(z, false, w, z, 64, 1, eps).unwrap();
     assert_eq!(get(&o, z, 64), vec![0; 64], "rmsnorm of zeros");
 }
 
 #[test]
 fn rmsnorm_twin_is_accurate() {
     let mut rng = Rng(3);
-    let x: Vec<i32> = rng.vec(1024, 1 << 17);
-    let w: Vec<i32> = (0..1024).map(|i| (1 << 20) + (i as i32) * 1000).collect();
-    let mut y = vec![0; 1024];
-    fixed::rmsnorm(&x, &w, fixed::eps_q32(EPS), &mut y);
-    let xf: Vec<f64> = x.iter().map(|&v| v as f64 / 65536.0).collect();
-    let inv = 1.0 / (xf.iter().map(|v| v * v).sum::<f64>() / 1024.0 + EPS).sqrt();
-    for i in 0..1024 {
-        let want = xf[i] * inv * (w[i] as f64 / (1 << 20) as f64);
-        let got = y[i] as f64 / 65536.0;
-        assert!((got - want).abs() <= 2.0 / 65536.0, "rmsnorm[{i}]: fixed {got} vs f64 {want}");
+    // a small-rms residual (like embeddings, ~0.03) and an ordinary one
+    for scale in [1i64 << 10, 1 << 17] {
+        let x: Vec<i64> = (0..1024).map(|_| rng.sym(scale) as i64 * 65536).collect();
+        let w: Vec<i32> = (0..1024).map(|i| (1 << 20) + (i as i32) * 1000).collect();
+        let mut y = vec![0; 1024];
+        fixed::rmsnorm(&x, &w, fixed::eps_q64(EPS), fixed::Q_ACT, &mut y);
+        let xf: Vec<f64> = x.iter().map(|&v| v as f64 / 2f64.powi(32)).collect();
+        let inv = 1.0 / (xf.iter().map(|v| v * v).sum::<f64>() / 1024.0 + EPS).sqrt();
+        for i in 0..1024 {
+            let want = xf[i] * inv * (w[i] as f64 / (1 << 20) as f64);
+            let got = y[i] as f64 / 65536.0;
+            assert!((got - want).abs() <= 1.0 / 65536.0, "rmsnorm[{i}] (scale {scale}): fixed {got} vs f64 {want}");
+        }
     }
 }
 
@@ -135,10 +154,10 @@ fn qk_norm_rope_matches_twin() {
         let mut k = rng.vec(n_k * hd, 1 << 19);
         let (rq, rk) = (put(&mut o, &q), put(&mut o, &k));
         let row = |r: Region| r.sub(pos * hd / 2 * 4, hd / 2 * 4);
-        o.qk_norm_rope(rq, rk, rqn, rkn, row(rcos), row(rsin), n_q, n_k, hd, fixed::eps_q32(EPS)).unwrap();
+        o.qk_norm_rope(rq, rk, rqn, rkn, row(rcos), row(rsin), n_q, n_k, hd, fixed::eps_q64(EPS)).unwrap();
         let half = hd / 2;
         let (c, s) = (&cos[pos * half..(pos + 1) * half], &sin[pos * half..(pos + 1) * half]);
-        fixed::qk_norm_rope(&mut q, &mut k, &qn, &kn, c, s, hd, fixed::eps_q32(EPS));
+        fixed::qk_norm_rope(&mut q, &mut k, &qn, &kn, c, s, hd, fixed::eps_q64(EPS));
         assert_eq!(get(&o, rq, n_q * hd), q, "q after q_norm+RoPE at pos {pos}: BPF vs twin");
         assert_eq!(get(&o, rk, n_k * hd), k, "k after k_norm+RoPE at pos {pos}: BPF vs twin");
     }
@@ -241,11 +260,11 @@ fn embed_matches_twin() {
     let (vocab, dim) = (100, 64);
     let t = rng.vec(vocab * dim, (1 << 31) - 1);
     let rt = put(&mut o, &t);
-    let rx = o.arena.alloc(dim * 4, "x").unwrap();
+    let rx = o.arena.alloc(dim * 8, "x").unwrap();
     for tok in [0u32, 57, 99] {
         o.embed(rt, tok, dim, rx).unwrap();
-        let mut want = vec![0; dim];
+        let mut want = vec![0i64; dim];
         fixed::embed(&t, tok as usize, dim, &mut want);
-        assert_eq!(get(&o, rx, dim), want, "embed row {tok}");
+        assert_eq!(o.arena.slice::<i64>(rx), &want[..], "embed row {tok}");
     }
 }

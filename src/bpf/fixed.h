@@ -5,7 +5,11 @@
 #pragma once
 #include "common.h"
 
-#define Q_ACT 16  /* activations, residual stream, K/V cache, logits: s32 */
+#define Q_ACT 16  /* activations, K/V cache, logits: s32 */
+#define Q_RES 32  /* the residual stream: s64, so that it keeps ~30 significant bits even when its
+		   * rms is small (embeddings are ~0.03: Q16 would leave 11 bits) */
+#define Q_Q 22    /* queries after q_norm and RoPE: s32, |q| < 512. Their rounding error is
+		   * multiplied by the keys, which reach ~1000 where k_norm is large */
 #define Q_W 24    /* linear weights and embeddings: s32, |w| < 128 */
 #define Q_NORM 20 /* RMSNorm weights: s32, |w| < 2048 (real Qwen3 k_norm exceeds Q24's 128) */
 #define Q_NRM 24  /* a normalised value x / rms inside RMSNorm (|.| <= sqrt(n)) */
@@ -14,6 +18,7 @@
 #define EXP2_BITS 8 /* exp2 table: 2^(-i/256), i = 0..256, linearly interpolated */
 #define LOG2E_Q30 1549082005LL /* round(log2(e) * 2^30) */
 #define ACT_MAX 2147483647LL /* activations saturate to +-ACT_MAX (never INT_MIN) */
+#define RES_MAX (1LL << 62) /* the residual stream saturates to +-RES_MAX */
 
 /* Round-half-up arithmetic shift right by sh >= 1, without the overflow of adding 2^(sh-1). */
 static __always_inline s64 rshr(s64 v, u32 sh)
@@ -43,6 +48,16 @@ static __always_inline u64 nonzero(u64 v)
 
 	OPAQUE(neg);
 	return (v | neg) >> 63;
+}
+
+/* Saturate to the residual range. */
+static __always_inline s64 sat_res(s64 v)
+{
+	if (v > RES_MAX)
+		return RES_MAX;
+	if (v < -RES_MAX)
+		return -RES_MAX;
+	return v;
 }
 
 /* Number of significant bits of v < 2^63 (0 for 0). */

@@ -19,8 +19,8 @@ struct {
 /* ------------------------------------------------------------------ formats */
 
 struct formats_args {
-	u32 q_act, q_w, q_norm, q_nrm, q_one, q_scale, exp2_bits, pad;
-	s64 log2e_q30, act_max;
+	u32 q_act, q_w, q_norm, q_nrm, q_one, q_scale, exp2_bits, q_res, q_q, pad;
+	s64 log2e_q30, act_max, res_max;
 };
 
 /* Reports fixed.h's constants, so that a test can compare them with src/fixed.rs. */
@@ -36,6 +36,9 @@ int formats(struct formats_args *a)
 	a->exp2_bits = EXP2_BITS;
 	a->log2e_q30 = LOG2E_Q30;
 	a->act_max = ACT_MAX;
+	a->q_res = Q_RES;
+	a->q_q = Q_Q;
+	a->res_max = RES_MAX;
 	return 0;
 }
 
@@ -43,41 +46,52 @@ int formats(struct formats_args *a)
 
 struct embed_args {
 	u64 table; /* s32 Q24 [vocab][dim] */
-	u64 x;     /* s32 Q16 [dim], out */
+	u64 x;     /* s64 Q32 [dim], out: the residual stream */
 	u32 token, dim;
 };
 
-/* x = embed_tokens[token], Q24 -> Q16. */
+/* x = embed_tokens[token], Q24 -> Q32 (exact). */
 SEC("syscall")
 int embed(struct embed_args *a)
 {
 	const s32 __arena *e = ARENA_PTR(const s32, a->table + (u64)a->token * a->dim * 4);
-	s32 __arena *x = ARENA_PTR(s32, a->x);
+	s64 __arena *x = ARENA_PTR(s64, a->x);
 
 	USE_ARENA(arena);
 	FOR(i, 0, a->dim)
-		x[i] = (s32)rshr(e[i], Q_W - Q_ACT);
+		x[i] = (s64)e[i] << (Q_RES - Q_W);
 	return 0;
 }
 
 /* ------------------------------------------------------------------ RMSNorm */
 
-/* y = w * x / sqrt(mean(x^2) + eps) for one vector of n (<= 16384) elements; y may be x.
- * eps_q32 = round(eps * 2^32). Steps: pre-shift s so that sum(x^2) fits u64; v = mean + eps;
- * scale v by 4^e into [2^60, 2^62); r = isqrt -> inv = 2^62 / r, so that
- * x / rms = x * inv * 2^(e - s - 46) (x in Q16); normalised value in Q24; times w (Q20) -> Q16. */
-static __noinline int rmsnorm_vec(u64 xa, u64 wa, u64 ya, u32 n, u64 eps_q32)
+/* Element i of x as a Q32 s64: x is either the s64 Q32 residual stream (wide) or s32 Q16. */
+static __always_inline s64 load_q32(u64 xa, u32 i, u32 wide)
 {
-	const s32 __arena *x = ARENA_PTR(const s32, xa);
+	return wide ? ARENA_PTR(const s64, xa)[i] : (s64)ARENA_PTR(const s32, xa)[i] << (Q_RES - Q_ACT);
+}
+
+/* y = w * x / sqrt(mean(x^2) + eps) for one vector of n (<= 16384) elements, y (s32 Q16) may be
+ * x when x is not wide. eps_q64 = round(eps * 2^64). In Q32 units: pre-shift s so that every
+ * |x| >> s < 2^24 and sum((x >> s)^2) fits u64; v = mean + eps (units 2^(2s-64)); scale v by
+ * 4^e into [2^60, 2^62); r = isqrt -> inv = 2^62 / r, so that the normalised value in Q24 is
+ * (x >> s) * inv * 2^(e - 38); times w (Q20) -> Q16. */
+/* BPF calls take at most 5 arguments, so the vector length n (< 2^15), the output format and
+ * the input kind share one u32: n | q_out << 16 | WIDE (x is the s64 Q32 residual). */
+#define WIDE (1U << 31)
+#define NQW(n, q_out, wide) ((n) | (q_out) << 16 | ((wide) ? WIDE : 0))
+static __noinline int rmsnorm_vec(u64 xa, u64 wa, u64 ya, u32 nqw, u64 eps_q64)
+{
+	u32 n = nqw & 0xffff, q_out = (nqw >> 16) & 31, wide = (nqw & WIDE) != 0;
 	const s32 __arena *w = ARENA_PTR(const s32, wa);
 	s32 __arena *y = ARENA_PTR(s32, ya);
 	u64 maxabs = 0, ss = 0, v, r, inv;
-	u32 s = 0, e, sh;
+	u32 s = 0, e;
 
 	if (n == 0 || n > 16384)
 		return 1;
 	FOR(i, 0, n) {
-		s64 xi = x[i];
+		s64 xi = load_q32(xa, i, wide);
 		u64 ax = xi < 0 ? -xi : xi;
 
 		if (ax > maxabs)
@@ -86,47 +100,46 @@ static __noinline int rmsnorm_vec(u64 xa, u64 wa, u64 ya, u32 n, u64 eps_q32)
 	if (bitlen(maxabs) > 24)
 		s = bitlen(maxabs) - 24;
 	FOR(i, 0, n) {
-		s64 xi = x[i];
+		s64 xi = load_q32(xa, i, wide);
 		u64 ax = (xi < 0 ? -xi : xi) >> s;
 
 		ss += ax * ax;
 	}
-	v = ss / n + (eps_q32 >> (2 * s));
+	v = ss / n + (s < 32 ? eps_q64 >> (2 * s) : 0);
 	if (v == 0)
 		v = 1;
 	e = (62 - bitlen(v)) / 2;
 	r = isqrt(v << (2 * e));
 	inv = (1ULL << 62) / r;
-	sh = 38 + s - e;
 	FOR(i, 0, n) {
-		s64 nrm = rshr((s64)x[i] * (s64)inv, sh & 63); /* Q24 */
+		s64 nrm = rshr((load_q32(xa, i, wide) >> s) * (s64)inv, (38 - e) & 63); /* Q24 */
 
-		y[i] = sat32(rshr(nrm * (s64)w[i], Q_NRM + Q_NORM - Q_ACT));
+		y[i] = sat32(rshr(nrm * (s64)w[i], (Q_NRM + Q_NORM - q_out) & 63));
 	}
 	return 0;
 }
 
 struct rmsnorm_args {
-	u64 x;       /* s32 Q16 [nvec][n] */
+	u64 x;       /* s64 Q32 [nvec][n] if wide, else s32 Q16 [nvec][n] */
 	u64 w;       /* s32 Q20 [n], shared by every vector */
-	u64 y;       /* s32 Q16 [nvec][n], out; may equal x */
-	u64 eps_q32; /* round(rms_norm_eps * 2^32) */
+	u64 y;       /* s32 Q16 [nvec][n], out; may equal x when not wide */
+	u64 eps_q64; /* round(rms_norm_eps * 2^64) */
 	u32 n, nvec;
+	u32 wide;    /* 1: x is the s64 Q32 residual stream */
 	s32 ret;     /* out: 0, or 1 on bad n */
-	u32 pad;
 };
 
 /* RMSNorm of nvec consecutive vectors with one weight: hidden-wide (nvec = 1) or per head. */
 SEC("syscall")
 int rmsnorm(struct rmsnorm_args *a)
 {
-	u64 x = a->x, w = a->w, y = a->y, eps = a->eps_q32, stride = (u64)a->n * 4;
-	u32 n = a->n;
+	u64 x = a->x, w = a->w, y = a->y, eps = a->eps_q64, stride = (u64)a->n * 4;
+	u32 n = a->n, wide = a->wide != 0;
 	int ret = 0;
 
 	USE_ARENA(arena);
 	FOR(h, 0, a->nvec)
-		ret |= rmsnorm_vec(x + h * stride, w, y + h * stride, n, eps);
+		ret |= rmsnorm_vec(x + h * stride * (1 + wide), w, y + h * stride, NQW(n, Q_ACT, wide), eps);
 	a->ret = ret;
 	return 0;
 }
@@ -150,13 +163,13 @@ static __noinline int rope_vec(u64 xa, u64 ca, u64 sa, u32 half)
 }
 
 struct qk_norm_rope_args {
-	u64 q;       /* s32 Q16 [n_q][hd], in place; the k heads follow at k */
+	u64 q;       /* s32 [n_q][hd], in place: Q16 in, Q22 out */
 	u64 k;       /* s32 Q16 [n_k][hd], in place */
 	u64 q_norm;  /* s32 Q20 [hd] */
 	u64 k_norm;  /* s32 Q20 [hd] */
 	u64 cos;     /* s32 Q30 [hd/2]: the table row of this position */
 	u64 sin;     /* s32 Q30 [hd/2] */
-	u64 eps_q32;
+	u64 eps_q64;
 	u32 n_q, n_k, hd;
 	s32 ret;
 };
@@ -168,7 +181,7 @@ int qk_norm_rope(struct qk_norm_rope_args *a)
 	/* ctx fields are read once into registers: the verifier forbids ctx loads at offsets that
 	 * clang would otherwise compute from a select between two fields. */
 	u64 q = a->q, k = a->k, qn = a->q_norm, kn = a->k_norm, cs = a->cos, sn = a->sin;
-	u64 eps = a->eps_q32, stride = (u64)a->hd * 4;
+	u64 eps = a->eps_q64, stride = (u64)a->hd * 4;
 	u32 hd = a->hd, n_q = a->n_q, n_all = a->n_q + a->n_k;
 	int ret = 0;
 
@@ -181,7 +194,7 @@ int qk_norm_rope(struct qk_norm_rope_args *a)
 		int is_q = h < n_q;
 		u64 v = is_q ? q + h * stride : k + (h - n_q) * stride;
 
-		ret |= rmsnorm_vec(v, is_q ? qn : kn, v, hd, eps);
+		ret |= rmsnorm_vec(v, is_q ? qn : kn, v, NQW(hd, is_q ? Q_Q : Q_ACT, 0), eps);
 		rope_vec(v, cs, sn, hd / 2);
 	}
 	a->ret = ret;
@@ -193,10 +206,10 @@ int qk_norm_rope(struct qk_norm_rope_args *a)
 struct matvec_args {
 	u64 w;        /* s32 Q24 [rows][k] */
 	u64 x;        /* s32 Q16 [k] */
-	u64 y;        /* s32 Q16 [rows], out */
-	u32 k;        /* columns, a multiple of 32, <= 16384 */
+	u64 y;        /* out: s32 Q16 [rows], or the s64 Q32 residual stream when accumulating */
+	u32 k;        /* columns, a multiple of 8, <= 16384 */
 	u32 row0, nrows;
-	u32 accumulate; /* 1: y += W x (the residual add), saturating; 0: y = W x */
+	u32 accumulate; /* 1: y (s64 Q32) += W x, the residual add, saturating; 0: y (s32 Q16) = W x */
 };
 
 /* sum_j w[j] * x[j] over k columns, Q24 x Q16 -> Q40, 8 columns per step. A global function:
@@ -226,18 +239,23 @@ struct row_ctx {
 	s64 best_val;
 };
 
-/* y[r] (+)= sat(round(W[r] . x / 2^24)) */
+/* y[r] = sat(round(W[r] . x / 2^24)) (Q16), or y[r] += round(W[r] . x / 2^8) (Q32 residual) */
 static long matvec_row(u64 i, struct row_ctx *c)
 {
 	u32 r = c->row0 + (u32)i;
-	s32 __arena *y = ARENA_PTR(s32, c->y + (u64)r * 4);
-	s64 d = rshr(dot_q24(c->w + r * c->stride, c->x, c->k), Q_W);
+	s64 d = dot_q24(c->w + r * c->stride, c->x, c->k); /* Q40 */
 
-	*y = sat32(c->flag ? d + *y : d);
+	if (c->flag) {
+		s64 __arena *y = ARENA_PTR(s64, c->y + (u64)r * 8);
+
+		*y = sat_res(*y + rshr(d, Q_W + Q_ACT - Q_RES));
+	} else {
+		*ARENA_PTR(s32, c->y + (u64)r * 4) = sat32(rshr(d, Q_W));
+	}
 	return 0;
 }
 
-/* y[r] (+)= sat(round(W[r] . x / 2^24)) for r in [row0, row0 + nrows). */
+/* y[r] = W[r] . x, or y[r] += W[r] . x into the residual stream, for r in [row0, row0 + nrows). */
 SEC("syscall")
 int matvec(struct matvec_args *a)
 {
@@ -322,7 +340,7 @@ int lm_head_argmax(struct lm_head_args *a)
 /* ------------------------------------------------------------------ attention */
 
 struct attention_args {
-	u64 q;       /* s32 Q16 [n_q][hd]: after q_norm and RoPE */
+	u64 q;       /* s32 Q22 [n_q][hd]: after q_norm and RoPE */
 	u64 k;       /* s32 Q16 [n_kv][hd]: this position's key, after k_norm and RoPE */
 	u64 v;       /* s32 Q16 [n_kv][hd]: this position's value */
 	u64 k_cache; /* s32 Q16 [max_ctx][n_kv][hd] of this layer */
@@ -335,7 +353,7 @@ struct attention_args {
 	s32 scale_q22; /* round(hd^-0.5 * 2^22) */
 };
 
-/* q . k over hd (<= 512) dimensions, Q16 x Q16 -> Q32 (a global function, verified once). */
+/* q . k over hd (<= 512) dimensions, Q22 x Q16 -> Q38 (a global function, verified once). */
 __noinline s64 dot_head(u64 qa, u64 ka, u32 hd)
 {
 	const s32 __arena *q = ARENA_PTR(const s32, qa);
@@ -377,7 +395,7 @@ static __noinline int attend_head(struct attention_args *a, u32 h)
 
 	/* 1. scores s_t = (q . k_t) * hd^-0.5 in Q16, kept (as s32) in p; their maximum m */
 	FOR(t, 0, npos) {
-		s64 s = rshr(dot_head(q, kc + t * kvd4, hd), Q_ACT); /* Q16 */
+		s64 s = rshr(dot_head(q, kc + t * kvd4, hd), Q_Q); /* Q16 */
 
 		if (s > (1LL << 40))
 			s = 1LL << 40;

@@ -1,3 +1,367 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
-/* Low-bit SWAR kernels: being written. Included at the end of ops.bpf.c. */
+/* Low-bit SWAR (SIMD within a register) matrix-vector kernels: W4A8 and W8A16.
+ * Included at the end of ops.bpf.c: shares its `arena` map and fixed.h's helpers.
+ * src/swar.rs holds the formats, the packing and a Rust twin of every program here.
+ *
+ * BPF has no vector instructions, but one 64-bit multiply of a word holding several small
+ * weights (one per "lane") by one activation yields several products at once. Formats:
+ *
+ *   weights   code w in -8..7 (W4) or -128..127 (W8), one u32 scale s per (row, group of 32
+ *             columns): weight = w * s / 2^24 (scale Q24, SW_SCALE_SHIFT).
+ *             W4: u64 word (b, q, h) of [rows/8][k/4][2] holds rows 8b+4h+l (l = 0..3) times
+ *                 columns 4q+c (c = 0..3), nibble w+8 at bit 16l+4c (four 16-bit lanes).
+ *                 scales u32 [rows/8][k/32][8]: row 8b+l, group g at (b * k/32 + g) * 8 + l.
+ *             W8: u64 word (b, q, h) of [rows/4][k/4][2] holds rows 4b+2h+l (l = 0..1) times
+ *                 columns 4q+c, byte w+128 at bit 32l+8c (two 32-bit lanes).
+ *                 scales u32 [rows/4][k/32][4].
+ *   activations x (s32 Q16) quantised per block of 32 columns by quantize_x8 / quantize_x16:
+ *             scale sx = max|x| / QMAX + 1 (Q16 units, so x ~= xq * sx), xq = round(x / sx)
+ *             (half away from zero) in -QMAX..QMAX, QMAX = 127 (a8) or 32767 (a16); xq as s64
+ *             [k], and per block struct swar_xblock { sum of xq, sx } [k/32].
+ *   output    y[r] = sat(round(sum_g s[r][g] * sx[g] * D[r][g] / 2^24)) in Q16, where
+ *             D[r][g] = sum over the group's columns of w * xq, exactly.
+ *
+ * The lane algebra (W4; W8 is the same with two 32-bit lanes and bias 128). All word arithmetic
+ * is in the ring of integers mod 2^64, where a 64-bit multiply-add is exact whatever the carries
+ * between lanes do. A weight word unpacked for column c, u = (v >> 4c) & M4, equals
+ * sum_l (w_l + 8) 2^(16 l). Summing u * xq over the 32 columns of a group gives
+ *     A = sum_l (D_l + 8 S) 2^(16 l)      (mod 2^64),   S = sum of the group's xq,
+ * and adding kx = C - 8 S R, with R = sum_l 2^(16 l) and C = 2^15 (1 + 2^16 + 2^32), gives
+ *     Q = (D_0 + 2^15) + (D_1 + 2^15) 2^16 + (D_2 + 2^15) 2^32 + D_3 2^48   (mod 2^64).
+ * |D_l| <= 32 * 8 * 127 = 32512 < 2^15, so the first three brackets are 16-bit digits in
+ * [0, 2^16) and the value lies in [-2^63, 2^63): Q read as s64 is that value, and
+ *     D_l = ((Q >> 16 l) & 0xffff) - 2^15 (l < 3),   D_3 = Q >> 48 (arithmetic shift).
+ * No spills inside a group and no weight sums are needed: the +8 bias is removed through the
+ * activations' block sum. W8: |D| <= 32 * 128 * 32767 < 2^27 < 2^31 in 32-bit lanes.
+ *
+ * The row accumulator sum_g s * sx * D is an s64 (computed as u64: it wraps, identically in the
+ * twin) and is exact while every partial sum stays below 2^63 / 2^40 = 2^23 in real terms, 256
+ * times the largest output (outputs saturate at 2^15). */
 #pragma once
+
+#define SW_GROUP 32        /* columns per weight-scale group and per activation block */
+#define SW_SCALE_SHIFT 24  /* weight scales are Q24 */
+#define SW_KMAX 16384      /* most columns */
+#define SW_MODE_STORE 0
+#define SW_MODE_ACCUMULATE 1
+#define SW_MODE_ARGMAX 2
+
+/* W4: four 16-bit lanes. */
+#define SW4_MASK 0x000F000F000F000FULL  /* one nibble per lane */
+#define SW4_ONES 0x0001000100010001ULL  /* R: 1 in every lane */
+#define SW4_HALF 0x0000800080008000ULL  /* C: 2^15 in lanes 0..2 */
+/* W8: two 32-bit lanes. */
+#define SW8_MASK 0x000000FF000000FFULL
+#define SW8_ONES 0x0000000100000001ULL
+#define SW8_HALF 0x0000000080000000ULL  /* 2^31 in lane 0 */
+
+/* Stops clang from re-associating the per-column multiply-adds into trees whose partial
+ * products it then spills to the stack (measured: ~25% faster with it). */
+#define KEEP2(a, b) asm volatile("" : "+r"(a), "+r"(b))
+
+struct swar_xblock {
+	s64 sum;   /* sum of the block's quantised activations */
+	s64 scale; /* sx: x ~= xq * sx, Q16 units, >= 1 */
+};
+
+/* ------------------------------------------------------------------ activation quantisation */
+
+struct quantize_x_args {
+	u64 x;   /* s32 Q16 [k] */
+	u64 xq;  /* s64 [k], out: xq in -qmax..qmax */
+	u64 blk; /* struct swar_xblock [k/32], out */
+	u32 k;   /* a multiple of 32, <= 16384 */
+	u32 pad;
+};
+
+/* One block of 32: sx = max|x| / qmax + 1, so |x| / sx < qmax; xq = round(|x| / sx) with its
+ * sign: floor((|x| + floor(sx/2)) / sx) rounds half up for even sx and never meets a half for
+ * odd sx. |x| <= 2^31 and sx < 2^25 keep the dividend in u32. */
+__noinline int quantize_block(u64 xa, u64 qa, u64 ba, u32 qmax)
+{
+	const s32 __arena *x = ARENA_PTR(const s32, xa);
+	s64 __arena *q = ARENA_PTR(s64, qa);
+	struct swar_xblock __arena *b = ARENA_PTR(struct swar_xblock, ba);
+	u64 m = 0, sum = 0;
+	u32 sx;
+
+	for (int j = 0; j < SW_GROUP; j++) {
+		s64 v = x[j];
+		u64 a = v < 0 ? -v : v;
+
+		m = a > m ? a : m;
+	}
+	sx = (u32)(m / qmax) + 1;
+	for (int j = 0; j < SW_GROUP; j++) {
+		s64 v = x[j];
+		u32 a = (u32)(v < 0 ? -v : v);
+		s64 r = (a + (sx >> 1)) / sx;
+
+		r = v < 0 ? -r : r;
+		q[j] = r;
+		sum += r;
+	}
+	b->sum = (s64)sum;
+	b->scale = sx;
+	return 0;
+}
+
+static __always_inline int quantize_x(struct quantize_x_args *a, u32 qmax)
+{
+	u64 x = a->x, xq = a->xq, blk = a->blk;
+	u32 k = a->k;
+
+	USE_ARENA(arena);
+	if (k == 0 || k % SW_GROUP || k > SW_KMAX)
+		return 1;
+	FOR(g, 0, k / SW_GROUP)
+		quantize_block(x + g * SW_GROUP * 4, xq + g * SW_GROUP * 8, blk + g * 16, qmax);
+	return 0;
+}
+
+/* Activations for the W4A8 kernels: int8 codes in -127..127 per block of 32. */
+SEC("syscall")
+int quantize_x8(struct quantize_x_args *a)
+{
+	return quantize_x(a, 127);
+}
+
+/* Activations for the W8A16 kernels: int16 codes in -32767..32767 per block of 32. */
+SEC("syscall")
+int quantize_x16(struct quantize_x_args *a)
+{
+	return quantize_x(a, 32767);
+}
+
+/* ------------------------------------------------------------------ matvec and LM head */
+
+struct swar_mv_args {
+	u64 w;       /* packed weight words (layouts above) */
+	u64 s;       /* u32 Q24 weight scales */
+	u64 xq;      /* s64 [k] quantised activations */
+	u64 xb;      /* struct swar_xblock [k/32] */
+	u64 y;       /* s32 Q16 [rows] out; LM head: logits, or 0 to skip writing them */
+	u32 k;       /* columns: a multiple of 32, <= 16384 */
+	u32 row0, nrows; /* multiples of 8 (W4) or 4 (W8) */
+	u32 accumulate;  /* matvec: 1 = y += W x (saturating), 0 = y = W x */
+	u32 best;    /* LM head out: argmax row (first on ties) */
+	u32 pad;
+	s64 best_val; /* LM head out: its logit, Q16 */
+};
+
+/* Digit l of a decoded W4 group word (see the algebra above). l is a compile-time constant. */
+static __always_inline u64 lane16(u64 q, int l)
+{
+	if (l == 3)
+		return (u64)((s64)q >> 48);
+	return ((q >> (16 * l)) & 0xffff) - 0x8000;
+}
+
+static __always_inline u64 lane32(u64 q, int l)
+{
+	if (l == 1)
+		return (u64)((s64)q >> 32);
+	return (q & 0xffffffffULL) - 0x80000000ULL;
+}
+
+/* The end of a row block: y = sat(round(acc / 2^24)) (+ y), written unless ya == 0; returns the
+ * block's best row packed as logit << 3 | (7 - l), so that the larger packed value is the larger
+ * logit and, on ties, the lower row. */
+static __always_inline s64 finish_row(u64 acc, u64 ya, int l, u32 mode)
+{
+	s32 __arena *y = ARENA_PTR(s32, ya) + l;
+	s64 d = rshr((s64)acc, SW_SCALE_SHIFT);
+	s32 v = sat32(mode == SW_MODE_ACCUMULATE ? d + *y : d);
+
+	if (ya)
+		*y = v;
+	return ((s64)v << 3) | (7 - l);
+}
+
+/* Eight rows of W4 times quantised x: wa = their [k/4][2] words, sa = their [k/32][8] scales,
+ * ya = &y[first row] or 0. A global function: the verifier checks it once, on its own. */
+__noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 xba, u64 ya, u32 k, u32 mode)
+{
+	u64 acc[8] = {};
+	s64 best = -(1LL << 62), p;
+
+	for (u32 g = 0; g < k / SW_GROUP && g < SW_KMAX / SW_GROUP; g++) {
+		const u64 __arena *w = ARENA_PTR(const u64, wa) + g * 16;
+		const s64 __arena *x = ARENA_PTR(const s64, xqa) + g * SW_GROUP;
+		const u32 __arena *s = ARENA_PTR(const u32, sa) + g * 8;
+		const struct swar_xblock __arena *b = ARENA_PTR(const struct swar_xblock, xba) + g;
+		u64 a0 = 0, a1 = 0; /* rows 0..3 and 4..7, one 16-bit lane each */
+		u64 kx, sx;
+
+#pragma unroll
+		for (int q = 0; q < 8; q++) {
+			u64 v0 = w[2 * q], v1 = w[2 * q + 1];
+
+#pragma unroll
+			for (int c = 0; c < 4; c++) {
+				u64 xv = (u64)x[4 * q + c];
+
+				a0 += ((v0 >> (4 * c)) & SW4_MASK) * xv;
+				a1 += ((v1 >> (4 * c)) & SW4_MASK) * xv;
+				KEEP2(a0, a1);
+			}
+		}
+		/* A + kx: remove the weights' +8 (8 S per lane), lift lanes 0..2 by 2^15 */
+		kx = SW4_HALF - (u64)(8 * b->sum) * SW4_ONES;
+		sx = (u64)b->scale;
+		a0 += kx;
+		a1 += kx;
+#pragma unroll
+		for (int l = 0; l < 4; l++) {
+			acc[l] += lane16(a0, l) * s[l] * sx;
+			acc[4 + l] += lane16(a1, l) * s[4 + l] * sx;
+		}
+	}
+#pragma unroll
+	for (int l = 0; l < 8; l++) {
+		p = finish_row(acc[l], ya, l, mode);
+		best = p > best ? p : best;
+	}
+	return best;
+}
+
+/* Four rows of W8 times quantised x: wa = their [k/4][2] words, sa = their [k/32][4] scales. */
+__noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 xba, u64 ya, u32 k, u32 mode)
+{
+	u64 acc[4] = {};
+	s64 best = -(1LL << 62), p;
+
+	for (u32 g = 0; g < k / SW_GROUP && g < SW_KMAX / SW_GROUP; g++) {
+		const u64 __arena *w = ARENA_PTR(const u64, wa) + g * 16;
+		const s64 __arena *x = ARENA_PTR(const s64, xqa) + g * SW_GROUP;
+		const u32 __arena *s = ARENA_PTR(const u32, sa) + g * 4;
+		const struct swar_xblock __arena *b = ARENA_PTR(const struct swar_xblock, xba) + g;
+		u64 a0 = 0, a1 = 0; /* rows 0..1 and 2..3, one 32-bit lane each */
+		u64 kx, sx;
+
+#pragma unroll
+		for (int q = 0; q < 8; q++) {
+			u64 v0 = w[2 * q], v1 = w[2 * q + 1];
+
+#pragma unroll
+			for (int c = 0; c < 4; c++) {
+				u64 xv = (u64)x[4 * q + c];
+
+				a0 += ((v0 >> (8 * c)) & SW8_MASK) * xv;
+				a1 += ((v1 >> (8 * c)) & SW8_MASK) * xv;
+				KEEP2(a0, a1);
+			}
+		}
+		/* A + kx: remove the weights' +128 (128 S per lane), lift lane 0 by 2^31 */
+		kx = SW8_HALF - (u64)(128 * b->sum) * SW8_ONES;
+		sx = (u64)b->scale;
+		a0 += kx;
+		a1 += kx;
+#pragma unroll
+		for (int l = 0; l < 2; l++) {
+			acc[l] += lane32(a0, l) * s[l] * sx;
+			acc[2 + l] += lane32(a1, l) * s[2 + l] * sx;
+		}
+	}
+#pragma unroll
+	for (int l = 0; l < 4; l++) {
+		p = finish_row(acc[l], ya, l, mode);
+		best = p > best ? p : best;
+	}
+	return best;
+}
+
+struct swar_ctx {
+	u64 w, s, xq, xb, y;
+	u64 wstride, sstride; /* bytes of words and of scales per row block */
+	u32 k, block0, mode, best;
+	s64 best_val;
+};
+
+/* Keeps the best row: packed = logit << 3 | (7 - l) from the row-block function. */
+static __always_inline void keep_best(struct swar_ctx *c, s64 packed, u32 rows_per_block, u64 blk)
+{
+	s64 v = packed >> 3;
+
+	if (v > c->best_val) {
+		c->best_val = v;
+		c->best = (u32)(blk * rows_per_block) + 7 - (u32)(packed & 7);
+	}
+}
+
+static long w4a8_block(u64 i, struct swar_ctx *c)
+{
+	u64 blk = c->block0 + i;
+	s64 p = w4a8_rows8(c->w + blk * c->wstride, c->s + blk * c->sstride, c->xq, c->xb,
+			   c->y ? c->y + blk * 8 * 4 : 0, c->k, c->mode);
+
+	if (c->mode == SW_MODE_ARGMAX)
+		keep_best(c, p, 8, blk);
+	return 0;
+}
+
+static long w8a16_block(u64 i, struct swar_ctx *c)
+{
+	u64 blk = c->block0 + i;
+	s64 p = w8a16_rows4(c->w + blk * c->wstride, c->s + blk * c->sstride, c->xq, c->xb,
+			    c->y ? c->y + blk * 4 * 4 : 0, c->k, c->mode);
+
+	if (c->mode == SW_MODE_ARGMAX)
+		keep_best(c, p, 4, blk);
+	return 0;
+}
+
+/* Checks the arguments and runs the row blocks of [row0, row0 + nrows); rpb = rows per block
+ * (8 for W4, 4 for W8), wpb = weight bytes per row and column (W4: 1/2, W8: 1, as rpb * k / 2
+ * or rpb * k), argmax selects the LM-head mode. */
+static __always_inline int swar_run(struct swar_mv_args *a, u32 rpb, int w8, int argmax)
+{
+	u32 k = a->k, row0 = a->row0, nrows = a->nrows;
+	struct swar_ctx c = {
+		.w = a->w, .s = a->s, .xq = a->xq, .xb = a->xb, .y = a->y,
+		.wstride = (u64)rpb * k / (w8 ? 1 : 2), .sstride = (u64)rpb * (k / SW_GROUP) * 4,
+		.k = k, .block0 = row0 / rpb, .best = row0, .best_val = -ACT_MAX - 1,
+		.mode = argmax ? SW_MODE_ARGMAX : (a->accumulate ? SW_MODE_ACCUMULATE : SW_MODE_STORE),
+	};
+	long ret;
+
+	USE_ARENA(arena);
+	if (k == 0 || k % SW_GROUP || k > SW_KMAX || row0 % rpb || nrows % rpb)
+		return 1;
+	if (!argmax && !c.y)
+		return 1;
+	ret = bpf_loop(nrows / rpb, w8 ? (void *)w8a16_block : (void *)w4a8_block, &c, 0);
+	if (argmax) {
+		a->best = c.best;
+		a->best_val = c.best_val;
+	}
+	return (int)ret < 0;
+}
+
+/* y[r] (+)= W4 x for r in [row0, row0 + nrows), x from quantize_x8. */
+SEC("syscall")
+int w4a8_matvec(struct swar_mv_args *a)
+{
+	return swar_run(a, 8, 0, 0);
+}
+
+/* y[r] (+)= W8 x for r in [row0, row0 + nrows), x from quantize_x16. */
+SEC("syscall")
+int w8a16_matvec(struct swar_mv_args *a)
+{
+	return swar_run(a, 4, 1, 0);
+}
+
+/* W4 logits of rows [row0, row0 + nrows) (into y unless y == 0) and their argmax. */
+SEC("syscall")
+int w4a8_lm_head_argmax(struct swar_mv_args *a)
+{
+	return swar_run(a, 8, 0, 1);
+}
+
+/* W8 logits of rows [row0, row0 + nrows) (into y unless y == 0) and their argmax. */
+SEC("syscall")
+int w8a16_lm_head_argmax(struct swar_mv_args *a)
+{
+	return swar_run(a, 4, 1, 1);
+}

@@ -119,16 +119,19 @@ impl Ops {
         self.run("embed", &mut a)
     }
 
-    /// RMSNorm of `nvec` consecutive `n`-wide vectors at `x` into `y` (may equal `x`).
-    pub fn rmsnorm(&mut self, x: Region, w: Region, y: Region, n: usize, nvec: usize, eps_q32: u64) -> Result<()> {
+    /// RMSNorm of `nvec` consecutive `n`-wide vectors at `x` into `y` (Q16). `x` is the i64 Q32
+    /// residual stream when `wide`, else i32 Q16 (and then `y` may equal `x`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rmsnorm(&mut self, x: Region, wide: bool, w: Region, y: Region, n: usize, nvec: usize, eps_q64: u64) -> Result<()> {
         let mut a = rmsnorm_args {
             x: self.addr(x),
             w: self.addr(w),
             y: self.addr(y),
-            eps_q32,
+            eps_q64,
             n: n as u32,
             nvec: nvec as u32,
-            ..Default::default()
+            wide: wide as u32,
+            ret: 0,
         };
         self.run("rmsnorm", &mut a)?;
         check_ret("rmsnorm", a.ret)
@@ -136,7 +139,7 @@ impl Ops {
 
     /// Per-head q_norm/k_norm and RoPE, in place. `cos`/`sin` are this position's table rows.
     #[allow(clippy::too_many_arguments)]
-    pub fn qk_norm_rope(&mut self, q: Region, k: Region, q_norm: Region, k_norm: Region, cos: Region, sin: Region, n_q: usize, n_k: usize, hd: usize, eps_q32: u64) -> Result<()> {
+    pub fn qk_norm_rope(&mut self, q: Region, k: Region, q_norm: Region, k_norm: Region, cos: Region, sin: Region, n_q: usize, n_k: usize, hd: usize, eps_q64: u64) -> Result<()> {
         let mut a = qk_norm_rope_args {
             q: self.addr(q),
             k: self.addr(k),
@@ -144,7 +147,7 @@ impl Ops {
             k_norm: self.addr(k_norm),
             cos: self.addr(cos),
             sin: self.addr(sin),
-            eps_q32,
+            eps_q64,
             n_q: n_q as u32,
             n_k: n_k as u32,
             hd: hd as u32,
@@ -154,7 +157,8 @@ impl Ops {
         check_ret("qk_norm_rope", a.ret)
     }
 
-    /// `y[r] (+)= W[r]·x` for r in `rows`, W `[.][k]` Q24.
+    /// `y[r] = W[r]·x` (y i32 Q16) or, when `accumulate`, `y[r] += W[r]·x` (y the i64 Q32
+    /// residual stream), for r in `rows`; W `[.][k]` Q24.
     pub fn matvec(&mut self, w: Region, x: Region, y: Region, k: usize, rows: Rows, accumulate: bool) -> Result<()> {
         let mut a = matvec_args {
             w: self.addr(w),

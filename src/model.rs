@@ -1,0 +1,289 @@
+//! `Model`: a Qwen3 checkpoint whose forward pass runs as BPF programs over a [`WeightStore`].
+//!
+//! [`Model::forward`] is one flat pass, numbered like `modeling_qwen3.py`; every step is one BPF
+//! run (`test_run` of a `SEC("syscall")` program) over whole vectors or matrices, so a token
+//! costs 8 runs per layer plus 3: 227 at the Qwen3-0.6B shape.
+
+use std::path::{Path, PathBuf};
+
+use crate::fixed::{self, AttnShape};
+use crate::kernel::arena::{Region, MAX_ARENA_BYTES, PAGE};
+use crate::kernel::ops::{AttentionBuffers, Ops};
+use crate::store::{linear_rows, Backend, Linear, Norm, WeightStore};
+use crate::{Checkpoint, Config, Error, Result};
+
+/// How to open a [`Model`].
+#[derive(Debug, Clone)]
+pub struct ModelOptions {
+    /// Which weight store to use.
+    pub backend: Backend,
+    /// KV-cache capacity in tokens; feeding more is [`Error::ContextOverflow`].
+    pub max_context: usize,
+    /// Where converted-weight cache files go (default: the model directory).
+    pub cache_dir: Option<PathBuf>,
+    /// Show progress bars while converting weights.
+    pub progress: bool,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        ModelOptions { backend: Backend::Q24, max_context: 2048, cache_dir: None, progress: false }
+    }
+}
+
+/// Kernel (arena) memory a model uses, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct KernelMemory {
+    /// Weights: resident tensors or staging windows, as the store keeps them.
+    pub weights: usize,
+    /// The KV cache: layers × 2 × max_context × kv_dim × 4.
+    pub kv_cache: usize,
+    /// Activations, RoPE/exp tables, attention scratch, logits.
+    pub scratch: usize,
+}
+
+impl KernelMemory {
+    /// The whole arena.
+    pub fn total(&self) -> usize {
+        self.weights + self.kv_cache + self.scratch
+    }
+}
+
+/// Arena buffers of the forward pass.
+#[derive(Debug)]
+struct Buffers {
+    x: Region,      // i64 Q32 [hidden]: the residual stream
+    xn: Region,     // i32 Q16 [hidden]: RMSNorm output
+    qkv: Region,    // i32 Q16 [q_dim + 2 kv_dim]: q, k, v of this position
+    att: Region,    // i32 Q16 [q_dim]: attention output
+    mlp: Region,    // i32 Q16 [intermediate]: silu(gate) * up
+    logits: Region, // i32 Q16 [vocab]
+    probs: Region,  // u32 Q30 [n_q][max_ctx]: attention scratch
+    acc: Region,    // i64 [n_q][head_dim]: attention scratch
+    exp2: Region,   // u32 Q30 [257]
+    cos: Region,    // i32 Q30 [max_ctx][head_dim/2]
+    sin: Region,    // i32 Q30 [max_ctx][head_dim/2]
+    k_cache: Vec<Region>, // per layer i32 Q16 [max_ctx][kv_dim]
+    v_cache: Vec<Region>,
+}
+
+/// Bytes of each forward-pass buffer for `cfg` and `max_ctx`, page-rounded as the arena allocates.
+fn scratch_plan(cfg: &Config, max_ctx: usize) -> (usize, usize) {
+    let page = |b: usize| b.div_ceil(PAGE) * PAGE;
+    let (h, hd, nq) = (cfg.hidden_size, cfg.head_dim(), cfg.num_attention_heads);
+    let scratch = [
+        h * 8,
+        h * 4,
+        (cfg.q_dim() + 2 * cfg.kv_dim()) * 4,
+        cfg.q_dim() * 4,
+        cfg.intermediate_size * 4,
+        cfg.vocab_size * 4,
+        nq * max_ctx * 4,
+        nq * hd * 8,
+        257 * 4,
+        max_ctx * hd / 2 * 4,
+        max_ctx * hd / 2 * 4,
+    ]
+    .iter()
+    .map(|&b| page(b))
+    .sum();
+    let kv = 2 * cfg.num_hidden_layers * page(max_ctx * cfg.kv_dim() * 4);
+    (scratch, kv)
+}
+
+/// A Qwen3 model loaded into BPF. Dropping it unloads the programs and frees the arena.
+pub struct Model {
+    cfg: Config,
+    max_context: usize,
+    ops: Ops,
+    store: Box<dyn WeightStore>,
+    b: Buffers,
+    pos: usize,
+    eps_q64: u64,
+    scale_q22: i32,
+    memory: KernelMemory,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model").field("store", &self.store.name()).field("pos", &self.pos).field("memory", &self.memory).finish()
+    }
+}
+
+impl Model {
+    /// Opens the Hugging Face directory `dir`: checks BPF can be used here, validates the
+    /// checkpoint, converts or reuses the weight cache, sizes the arena (refusing sizes beyond the
+    /// kernel's 4 GiB arena limit before loading anything) and loads the programs.
+    pub fn open(dir: impl AsRef<Path>, opts: &ModelOptions) -> Result<Model> {
+        let dir = dir.as_ref();
+        crate::kernel::probe::probe()?;
+        let ck = Checkpoint::open(dir)?;
+        let cfg = ck.config.clone();
+        if opts.max_context == 0 || opts.max_context > cfg.max_position_embeddings {
+            return Err(Error::Invalid(format!(
+                "max_context {} must be in 1..={} (max_position_embeddings)",
+                opts.max_context, cfg.max_position_embeddings
+            )));
+        }
+        let (scratch, kv) = scratch_plan(&cfg, opts.max_context);
+        let weights_estimate = cfg.num_parameters() * 4;
+        if scratch + kv > MAX_ARENA_BYTES || (opts.backend == Backend::Q24 && scratch + kv + weights_estimate > MAX_ARENA_BYTES) {
+            return Err(Error::Resources {
+                msg: format!(
+                    "{} weights + {kv} KV cache (max_context {}) + {scratch} scratch bytes exceed the {MAX_ARENA_BYTES}-byte BPF arena limit",
+                    if opts.backend == Backend::Q24 { weights_estimate } else { 0 },
+                    opts.max_context
+                ),
+            });
+        }
+        let cache_dir = opts.cache_dir.clone().unwrap_or_else(|| dir.to_path_buf());
+        let mut store = opts.backend.open(&ck, &cache_dir, opts.progress)?;
+        drop(ck);
+        let weights = store.arena_bytes().div_ceil(PAGE) * PAGE;
+        let memory = KernelMemory { weights, kv_cache: kv, scratch };
+        if memory.total() > MAX_ARENA_BYTES {
+            return Err(Error::Resources {
+                msg: format!("{weights} weight + {kv} KV + {scratch} scratch bytes exceed the {MAX_ARENA_BYTES}-byte BPF arena limit"),
+            });
+        }
+        let mut ops = Ops::load(memory.total())?;
+        store.upload(&mut ops)?;
+        let b = Self::alloc_buffers(&mut ops, &cfg, opts.max_context)?;
+        Ok(Model {
+            eps_q64: fixed::eps_q64(cfg.rms_norm_eps),
+            scale_q22: fixed::attn_scale_q22(cfg.head_dim()),
+            cfg,
+            max_context: opts.max_context,
+            ops,
+            store,
+            b,
+            pos: 0,
+            memory,
+        })
+    }
+
+    fn alloc_buffers(ops: &mut Ops, cfg: &Config, max_ctx: usize) -> Result<Buffers> {
+        let a = &mut ops.arena;
+        let (h, hd, nq) = (cfg.hidden_size, cfg.head_dim(), cfg.num_attention_heads);
+        let b = Buffers {
+            x: a.alloc(h * 8, "x")?,
+            xn: a.alloc(h * 4, "xn")?,
+            qkv: a.alloc((cfg.q_dim() + 2 * cfg.kv_dim()) * 4, "qkv")?,
+            att: a.alloc(cfg.q_dim() * 4, "att")?,
+            mlp: a.alloc(cfg.intermediate_size * 4, "mlp")?,
+            logits: a.alloc(cfg.vocab_size * 4, "logits")?,
+            probs: a.alloc(nq * max_ctx * 4, "attention probabilities")?,
+            acc: a.alloc(nq * hd * 8, "attention accumulators")?,
+            exp2: a.alloc(257 * 4, "exp2 table")?,
+            cos: a.alloc(max_ctx * hd / 2 * 4, "RoPE cos")?,
+            sin: a.alloc(max_ctx * hd / 2 * 4, "RoPE sin")?,
+            k_cache: (0..cfg.num_hidden_layers).map(|_| a.alloc(max_ctx * cfg.kv_dim() * 4, "K cache")).collect::<Result<_>>()?,
+            v_cache: (0..cfg.num_hidden_layers).map(|_| a.alloc(max_ctx * cfg.kv_dim() * 4, "V cache")).collect::<Result<_>>()?,
+        };
+        a.slice_mut::<u32>(b.exp2).copy_from_slice(&fixed::exp2_table());
+        let (cos, sin) = fixed::rope_tables(cfg.rope_theta(), hd, max_ctx);
+        a.slice_mut::<i32>(b.cos).copy_from_slice(&cos);
+        a.slice_mut::<i32>(b.sin).copy_from_slice(&sin);
+        Ok(b)
+    }
+
+    /// The model's config.
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// Tokens fed since open or the last [`Model::reset`].
+    pub fn position(&self) -> usize {
+        self.pos
+    }
+
+    /// KV-cache capacity.
+    pub fn max_context(&self) -> usize {
+        self.max_context
+    }
+
+    /// BPF program runs since open.
+    pub fn bpf_runs(&self) -> u64 {
+        self.ops.runs()
+    }
+
+    /// Kernel memory by purpose.
+    pub fn kernel_memory(&self) -> KernelMemory {
+        self.memory
+    }
+
+    /// The weight store's name.
+    pub fn backend_name(&self) -> &'static str {
+        self.store.name()
+    }
+
+    /// Forgets the context (the KV cache is overwritten as positions are reused).
+    pub fn reset(&mut self) {
+        self.pos = 0;
+    }
+
+    /// Feeds `token` and returns the next-token logits (`vocab_size` f32, converted from Q16).
+    pub fn forward(&mut self, token: u32) -> Result<Vec<f32>> {
+        Ok(self.forward_fixed(token)?.into_iter().map(|v| fixed::from_fixed(v, fixed::Q_ACT)).collect())
+    }
+
+    /// Feeds `token` and returns the logits exactly as the kernel computed them (Q16).
+    pub fn forward_fixed(&mut self, token: u32) -> Result<Vec<i32>> {
+        self.step(token, true)?;
+        Ok(self.ops.arena.slice::<i32>(self.b.logits).to_vec())
+    }
+
+    /// Feeds `token` and returns the most likely next token, computed by the BPF LM head with a
+    /// fused argmax (no logits are copied out).
+    pub fn next_token(&mut self, token: u32) -> Result<u32> {
+        Ok(self.step(token, false)?.0 as u32)
+    }
+
+    /// One decoder pass at the current position. Returns the argmax (row, Q16 logit).
+    fn step(&mut self, token: u32, want_logits: bool) -> Result<(usize, i32)> {
+        let c = &self.cfg;
+        if token as usize >= c.vocab_size {
+            return Err(Error::TokenOutOfRange { id: token, index: self.pos, vocab: c.vocab_size });
+        }
+        if self.pos >= self.max_context {
+            return Err(Error::ContextOverflow { pos: self.pos, max_context: self.max_context });
+        }
+        let (h, hd, pos, eps) = (c.hidden_size, c.head_dim(), self.pos, self.eps_q64);
+        let (nq, nkv, qd, kvd) = (c.num_attention_heads, c.num_key_value_heads, c.q_dim(), c.kv_dim());
+        let (ops, store, b) = (&mut self.ops, &mut self.store, &self.b);
+        let q = b.qkv.sub(0, qd * 4); // [n_q][hd]
+        let k = b.qkv.sub(qd * 4, kvd * 4); // [n_kv][hd]
+        let v = b.qkv.sub((qd + kvd) * 4, kvd * 4); // [n_kv][hd]
+        let cos = b.cos.sub(pos * hd / 2 * 4, hd / 2 * 4); // [hd/2] at pos
+        let sin = b.sin.sub(pos * hd / 2 * 4, hd / 2 * 4);
+        let shape = AttnShape { n_q: nq, n_kv: nkv, hd, max_ctx: self.max_context };
+
+        // 0. x = embed_tokens[token]                                   x [hidden]
+        store.embed(ops, token, b.x)?;
+        for l in 0..c.num_hidden_layers {
+            // 1. xn = RMSNorm(x; input_layernorm)                      xn [hidden]
+            ops.rmsnorm(b.x, true, store.norm(Norm::Input(l)), b.xn, h, 1, eps)?;
+            // 2. q, k, v = q_proj·xn, k_proj·xn, v_proj·xn (one matrix) qkv [q_dim + 2 kv_dim]
+            store.matvec(ops, Linear::Qkv(l), b.xn, b.qkv, 0..linear_rows(c, Linear::Qkv(l)), false)?;
+            // 3. per-head q_norm / k_norm, then RoPE at pos            q [n_q][hd], k [n_kv][hd]
+            ops.qk_norm_rope(q, k, store.norm(Norm::Q(l)), store.norm(Norm::K(l)), cos, sin, nq, nkv, hd, eps)?;
+            // 4. append k, v to the cache; causal GQA attention        att [q_dim]
+            let ab = AttentionBuffers { q, k, v, k_cache: b.k_cache[l], v_cache: b.v_cache[l], probs: b.probs, acc: b.acc, out: b.att, exp2: b.exp2 };
+            ops.attention(&ab, pos, shape, self.scale_q22)?;
+            // 5. x += o_proj · att                                     x [hidden]
+            store.matvec(ops, Linear::O(l), b.att, b.x, 0..h, true)?;
+            // 6. xn = RMSNorm(x; post_attention_layernorm)             xn [hidden]
+            ops.rmsnorm(b.x, true, store.norm(Norm::PostAttention(l)), b.xn, h, 1, eps)?;
+            // 7. mlp = silu(gate_proj · xn) * (up_proj · xn)           mlp [intermediate]
+            store.gate_up_swiglu(ops, l, b.xn, b.mlp, b.exp2, 0..c.intermediate_size)?;
+            // 8. x += down_proj · mlp                                  x [hidden]
+            store.matvec(ops, Linear::Down(l), b.mlp, b.x, 0..h, true)?;
+        }
+        // 9. xn = RMSNorm(x; model.norm)                               xn [hidden]
+        ops.rmsnorm(b.x, true, store.norm(Norm::Final), b.xn, h, 1, eps)?;
+        // 10. logits = lm_head · xn, and their argmax                  logits [vocab]
+        let best = store.lm_head(ops, b.xn, want_logits.then_some(b.logits), 0..c.vocab_size)?;
+        self.pos += 1;
+        Ok(best)
+    }
+}

@@ -1,0 +1,118 @@
+//! Weight stores: how a tensor's rows reach the kernel at the moment an operator needs them.
+//!
+//! The model code calls a store for every weight-bearing step (embedding, the linear layers, the
+//! fused gate/up/SwiGLU, the LM head) and never touches weight memory itself, so a store may keep
+//! everything resident in the arena ([`q24::Q24Store`]), stream rows through a small window, or
+//! use another number format with its own kernels. RMSNorm weights are tiny and always resident.
+
+pub mod cache;
+pub mod q24;
+
+use std::path::Path;
+
+use crate::kernel::arena::Region;
+use crate::kernel::ops::{Ops, Rows};
+use crate::{Checkpoint, Config, Result};
+
+/// A linear layer of one decoder layer, as the forward pass uses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Linear {
+    /// `q_proj`, `k_proj` and `v_proj` stacked: `[q_dim + 2 kv_dim][hidden]`.
+    Qkv(usize),
+    /// `o_proj`: `[hidden][q_dim]`.
+    O(usize),
+    /// `down_proj`: `[hidden][intermediate]`.
+    Down(usize),
+}
+
+/// An RMSNorm weight vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Norm {
+    /// `input_layernorm` of a layer.
+    Input(usize),
+    /// `post_attention_layernorm` of a layer.
+    PostAttention(usize),
+    /// `self_attn.q_norm` of a layer.
+    Q(usize),
+    /// `self_attn.k_norm` of a layer.
+    K(usize),
+    /// `model.norm`.
+    Final,
+}
+
+impl Norm {
+    /// The Hugging Face tensor name.
+    pub fn tensor_name(self) -> String {
+        match self {
+            Norm::Input(l) => format!("model.layers.{l}.input_layernorm.weight"),
+            Norm::PostAttention(l) => format!("model.layers.{l}.post_attention_layernorm.weight"),
+            Norm::Q(l) => format!("model.layers.{l}.self_attn.q_norm.weight"),
+            Norm::K(l) => format!("model.layers.{l}.self_attn.k_norm.weight"),
+            Norm::Final => "model.norm.weight".into(),
+        }
+    }
+}
+
+/// Where the weights live and how each weight-bearing operator reaches them.
+///
+/// Implementations are driven by [`crate::Model`]: [`WeightStore::arena_bytes`] sizes the arena,
+/// [`WeightStore::upload`] runs once after the BPF programs are loaded, and the operator methods
+/// run once per token each (`rows` lets the caller split a matrix across CPUs).
+pub trait WeightStore: Send {
+    /// Short name ("q24", "arena", …).
+    fn name(&self) -> &'static str;
+    /// Arena bytes this store needs for weights (resident tensors or staging windows).
+    fn arena_bytes(&self) -> usize;
+    /// Reserves its arena space and copies in whatever it keeps resident.
+    fn upload(&mut self, ops: &mut Ops) -> Result<()>;
+    /// The resident RMSNorm weight (Q20).
+    fn norm(&self, n: Norm) -> Region;
+    /// `x = embed_tokens[token]` in Q16.
+    fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()>;
+    /// `y[rows] (+)= W[rows] · x`.
+    fn matvec(&mut self, ops: &mut Ops, m: Linear, x: Region, y: Region, rows: Rows, accumulate: bool) -> Result<()>;
+    /// `y[rows] = silu(gate[rows] · x) * (up[rows] · x)` for `layer`.
+    fn gate_up_swiglu(&mut self, ops: &mut Ops, layer: usize, x: Region, y: Region, exp2: Region, rows: Rows) -> Result<()>;
+    /// Logits of `rows` (written to `logits` when given) and their argmax (row, Q16 logit).
+    fn lm_head(&mut self, ops: &mut Ops, x: Region, logits: Option<Region>, rows: Rows) -> Result<(usize, i32)>;
+}
+
+/// Rows of a linear layer for `cfg`.
+pub fn linear_rows(cfg: &Config, m: Linear) -> usize {
+    match m {
+        Linear::Qkv(_) => cfg.q_dim() + 2 * cfg.kv_dim(),
+        Linear::O(_) | Linear::Down(_) => cfg.hidden_size,
+    }
+}
+
+/// Columns of a linear layer for `cfg`.
+pub fn linear_cols(cfg: &Config, m: Linear) -> usize {
+    match m {
+        Linear::Qkv(_) => cfg.hidden_size,
+        Linear::O(_) => cfg.q_dim(),
+        Linear::Down(_) => cfg.intermediate_size,
+    }
+}
+
+/// The weight-store backends `Model` can open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// Q24 weights converted once to a cache file and kept resident in the arena.
+    Q24,
+}
+
+impl Backend {
+    /// Opens the store for `ck`, converting (and caching in `cache_dir`) as needed.
+    pub fn open(self, ck: &Checkpoint, cache_dir: &Path, progress: bool) -> Result<Box<dyn WeightStore>> {
+        match self {
+            Backend::Q24 => Ok(Box::new(q24::Q24Store::open(ck, cache_dir, progress)?)),
+        }
+    }
+
+    /// The backend's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Q24 => "q24",
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! The Q24 full-file store: every matrix converted once to Q24 (RMSNorm weights to Q20) in a
+//! cache file, memory-mapped, and copied into a resident arena region at load, so that no weight
+//! is copied per token and each operator is one BPF run over a whole matrix.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use super::cache::{self, CacheFile, Entry};
+use super::{Linear, Norm, WeightStore};
+use crate::checkpoint::tensor_specs;
+use crate::fixed::{self, Q_NORM, Q_W};
+use crate::kernel::arena::Region;
+use crate::kernel::ops::{Ops, Rows};
+use crate::{Checkpoint, Config, Error, Result};
+
+/// Cache file name inside the cache directory.
+pub const FILE_NAME: &str = "qwen_bpf.q24";
+
+/// Fixed-point fraction bits a tensor is stored with: Q20 for RMSNorm vectors, Q24 otherwise.
+pub fn q_of(shape: &[usize]) -> u32 {
+    if shape.len() == 1 {
+        Q_NORM
+    } else {
+        Q_W
+    }
+}
+
+/// Opens the Q24 cache for `ck` in `cache_dir`, (re)building it when it is missing, truncated,
+/// corrupt or stale. Returns the verified file.
+pub fn open_or_convert(ck: &Checkpoint, cache_dir: &Path, progress: bool) -> Result<CacheFile> {
+    let path = cache_dir.join(FILE_NAME);
+    let identity = ck.identity();
+    match cache::open(&path, "q24", &identity, &ck.config)? {
+        Ok(c) => return Ok(c),
+        Err(reason) => {
+            if progress {
+                eprintln!("qwen_bpf: converting weights to Q24 ({}: {reason})", path.display());
+            }
+        }
+    }
+    convert(ck, &path, progress)?;
+    match cache::open(&path, "q24", &identity, &ck.config)? {
+        Ok(c) => Ok(c),
+        Err(reason) => Err(Error::Cache { path, msg: format!("freshly written cache is unusable: {reason}") }),
+    }
+}
+
+/// Converts every tensor of `ck` to fixed point and writes the cache file at `path`.
+pub fn convert(ck: &Checkpoint, path: &Path, progress: bool) -> Result<()> {
+    let specs = tensor_specs(&ck.config);
+    let mut entries = Vec::with_capacity(specs.len());
+    let mut off = 0usize;
+    for (name, shape) in &specs {
+        let len = shape.iter().product::<usize>() * 4;
+        entries.push(Entry { name: name.clone(), q: q_of(shape), offset: off, len });
+        off += len;
+    }
+    let total: u64 = specs.iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum();
+    let bar = progress.then(|| crate::progress_bar(total, "Q24"));
+    cache::write(path, "q24", &ck.identity(), &ck.config, entries, |sink| {
+        let mut f32s = Vec::new();
+        let mut out: Vec<u8> = Vec::new();
+        for (name, shape) in &specs {
+            let q = q_of(shape);
+            let (rows, cols) = if shape.len() == 2 { (shape[0], shape[1]) } else { (1, shape[0]) };
+            let chunk = (1 << 20) / cols.max(1) + 1;
+            let mut r = 0;
+            while r < rows {
+                f32s.clear();
+                ck.read_rows_f32(name, r, chunk, &mut f32s)?;
+                out.clear();
+                for (i, &v) in f32s.iter().enumerate() {
+                    let format = if q == Q_W { "Q24" } else { "Q20" };
+                    let x = fixed::to_fixed(v, q, format, name, r * cols + i)?;
+                    out.extend_from_slice(&x.to_le_bytes());
+                }
+                sink(&out)?;
+                if let Some(b) = &bar {
+                    b.inc(f32s.len() as u64);
+                }
+                r += chunk;
+            }
+        }
+        Ok(())
+    })?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(())
+}
+
+/// The arena regions of one decoder layer.
+#[derive(Debug, Clone, Copy, Default)]
+struct LayerRegions {
+    input_norm: Region,
+    qkv: Region,
+    o: Region,
+    q_norm: Region,
+    k_norm: Region,
+    post_norm: Region,
+    gate: Region,
+    up: Region,
+    down: Region,
+}
+
+/// Q24 weights resident in the arena.
+#[derive(Debug)]
+pub struct Q24Store {
+    cache: CacheFile,
+    cfg: Config,
+    layers: Vec<LayerRegions>,
+    embed: Region,
+    lm_head: Region,
+    final_norm: Region,
+}
+
+impl Q24Store {
+    /// Opens (converting if needed) the Q24 cache of `ck` in `cache_dir`.
+    pub fn open(ck: &Checkpoint, cache_dir: &Path, progress: bool) -> Result<Q24Store> {
+        let cache = open_or_convert(ck, cache_dir, progress)?;
+        Ok(Q24Store { cache, cfg: ck.config.clone(), layers: Vec::new(), embed: Region::default(), lm_head: Region::default(), final_norm: Region::default() })
+    }
+
+    /// The cache file backing this store.
+    pub fn cache_path(&self) -> &PathBuf {
+        &self.cache.path
+    }
+}
+
+impl WeightStore for Q24Store {
+    fn name(&self) -> &'static str {
+        "q24"
+    }
+
+    fn arena_bytes(&self) -> usize {
+        self.cache.header.payload_bytes
+    }
+
+    fn upload(&mut self, ops: &mut Ops) -> Result<()> {
+        let payload = self.cache.payload();
+        let all = ops.arena.alloc(payload.len(), "Q24 weights")?;
+        ops.arena.slice_mut::<u8>(all).copy_from_slice(payload);
+        let at: HashMap<&str, Region> =
+            self.cache.header.tensors.iter().map(|e| (e.name.as_str(), all.sub(e.offset, e.len))).collect();
+        let get = |n: &str| at.get(n).copied().ok_or_else(|| Error::Cache { path: self.cache.path.clone(), msg: format!("no tensor `{n}`") });
+        self.layers = (0..self.cfg.num_hidden_layers)
+            .map(|l| {
+                let p = format!("model.layers.{l}");
+                let (q, k, v) = (get(&format!("{p}.self_attn.q_proj.weight"))?, get(&format!("{p}.self_attn.k_proj.weight"))?, get(&format!("{p}.self_attn.v_proj.weight"))?);
+                if k.off != q.off + q.len || v.off != k.off + k.len {
+                    return Err(Error::Cache { path: self.cache.path.clone(), msg: format!("layer {l}: q, k, v are not contiguous") });
+                }
+                Ok(LayerRegions {
+                    input_norm: get(&Norm::Input(l).tensor_name())?,
+                    qkv: Region { off: q.off, len: q.len + k.len + v.len },
+                    o: get(&format!("{p}.self_attn.o_proj.weight"))?,
+                    q_norm: get(&Norm::Q(l).tensor_name())?,
+                    k_norm: get(&Norm::K(l).tensor_name())?,
+                    post_norm: get(&Norm::PostAttention(l).tensor_name())?,
+                    gate: get(&format!("{p}.mlp.gate_proj.weight"))?,
+                    up: get(&format!("{p}.mlp.up_proj.weight"))?,
+                    down: get(&format!("{p}.mlp.down_proj.weight"))?,
+                })
+            })
+            .collect::<Result<_>>()?;
+        self.embed = get("model.embed_tokens.weight")?;
+        self.lm_head = if self.cfg.tie_word_embeddings { self.embed } else { get("lm_head.weight")? };
+        self.final_norm = get("model.norm.weight")?;
+        Ok(())
+    }
+
+    fn norm(&self, n: Norm) -> Region {
+        match n {
+            Norm::Input(l) => self.layers[l].input_norm,
+            Norm::PostAttention(l) => self.layers[l].post_norm,
+            Norm::Q(l) => self.layers[l].q_norm,
+            Norm::K(l) => self.layers[l].k_norm,
+            Norm::Final => self.final_norm,
+        }
+    }
+
+    fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()> {
+        ops.embed(self.embed, token, self.cfg.hidden_size, x)
+    }
+
+    fn matvec(&mut self, ops: &mut Ops, m: Linear, x: Region, y: Region, rows: Rows, accumulate: bool) -> Result<()> {
+        let w = match m {
+            Linear::Qkv(l) => self.layers[l].qkv,
+            Linear::O(l) => self.layers[l].o,
+            Linear::Down(l) => self.layers[l].down,
+        };
+        ops.matvec(w, x, y, super::linear_cols(&self.cfg, m), rows, accumulate)
+    }
+
+    fn gate_up_swiglu(&mut self, ops: &mut Ops, layer: usize, x: Region, y: Region, exp2: Region, rows: Rows) -> Result<()> {
+        let l = self.layers[layer];
+        ops.gate_up_swiglu(l.gate, l.up, x, y, exp2, self.cfg.hidden_size, rows)
+    }
+
+    fn lm_head(&mut self, ops: &mut Ops, x: Region, logits: Option<Region>, rows: Rows) -> Result<(usize, i32)> {
+        ops.lm_head_argmax(self.lm_head, x, logits, self.cfg.hidden_size, rows)
+    }
+}

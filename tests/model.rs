@@ -1,0 +1,99 @@
+//! The whole BPF forward pass on the synthetic tiny checkpoint: bit for bit equal to its Rust twin,
+//! within the accuracy bounds of the f32 reference, and typed errors for bad input.
+
+mod common;
+
+use qwen_bpf::reference::Reference;
+use qwen_bpf::twin::TwinModel;
+use qwen_bpf::{Checkpoint, Error, Model, ModelOptions};
+
+const TOKENS: [u32; 16] = [785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386];
+
+fn open(dir: &std::path::Path, max_context: usize) -> Model {
+    Model::open(dir, &ModelOptions { max_context, ..Default::default() }).expect("open the tiny model in BPF")
+}
+
+#[test]
+fn bpf_forward_equals_twin_bit_for_bit_and_counts_runs() {
+    let dir = common::tiny_model("model-tiny");
+    let mut m = open(&dir, 32);
+    let mut twin = TwinModel::open(&dir, &dir, 32).unwrap();
+    let layers = m.config().num_hidden_layers as u64;
+    for (i, &t) in TOKENS.iter().enumerate() {
+        let before = m.bpf_runs();
+        let got = m.forward_fixed(t).unwrap();
+        assert_eq!(m.bpf_runs() - before, 8 * layers + 3, "BPF runs for token {i}");
+        let (want, best) = twin.forward(t).unwrap();
+        assert_eq!(got, want, "logits at position {i}: BPF vs Rust twin");
+        let argmax = got.iter().enumerate().max_by_key(|&(j, &v)| (v, std::cmp::Reverse(j))).unwrap().0;
+        assert_eq!(argmax, best, "twin argmax at position {i}");
+    }
+}
+
+#[test]
+fn bpf_forward_is_within_bounds_of_the_f32_reference() {
+    let dir = common::tiny_model("model-tiny");
+    let mut m = open(&dir, 32);
+    let mut r = Reference::new(&Checkpoint::open(&dir).unwrap(), 32).unwrap();
+    let (mut sum, mut n, mut worst) = (0f64, 0usize, 0f32);
+    for (i, &t) in TOKENS.iter().enumerate() {
+        let got = m.forward(t).unwrap();
+        let want = r.forward(t).unwrap();
+        let max = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        sum += got.iter().zip(&want).map(|(a, b)| (a - b).abs() as f64).sum::<f64>();
+        n += got.len();
+        worst = worst.max(max);
+        let mut sorted = want.clone();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let ref_best = want.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+        let got_best = got.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+        if sorted[0] - sorted[1] > 2.0 * max {
+            assert_eq!(got_best, ref_best, "argmax at position {i} (gap {} > 2 × max err {max})", sorted[0] - sorted[1]);
+        }
+    }
+    let mean = sum / n as f64;
+    eprintln!("tiny: mean |Δlogit| {mean:.6}, max {worst:.6}");
+    assert!(mean <= 0.0004, "mean |Δlogit| {mean} > 0.0004");
+    assert!(worst <= 0.004, "max |Δlogit| {worst} > 0.004");
+}
+
+#[test]
+fn next_token_is_the_argmax_of_forward_and_reset_replays() {
+    let dir = common::tiny_model("model-tiny");
+    let mut a = open(&dir, 32);
+    let mut b = open(&dir, 32);
+    for &t in &TOKENS[..6] {
+        let logits = a.forward_fixed(t).unwrap();
+        let best = logits.iter().enumerate().max_by_key(|&(j, &v)| (v, std::cmp::Reverse(j))).unwrap().0;
+        assert_eq!(b.next_token(t).unwrap() as usize, best, "next_token vs argmax of forward");
+    }
+    let first = {
+        a.reset();
+        a.forward_fixed(TOKENS[0]).unwrap()
+    };
+    b.reset();
+    assert_eq!(b.forward_fixed(TOKENS[0]).unwrap(), first, "after reset, position 0 again");
+    assert_eq!(b.position(), 1);
+}
+
+#[test]
+fn bad_tokens_and_context_overflow_are_typed_errors() {
+    let dir = common::tiny_model("model-tiny");
+    let mut m = open(&dir, 3);
+    let vocab = m.config().vocab_size as u32;
+    match m.forward(vocab) {
+        Err(Error::TokenOutOfRange { id, index: 0, vocab: v }) => assert_eq!((id, v), (vocab, vocab as usize)),
+        other => panic!("token id = vocab: want TokenOutOfRange, got {other:?}"),
+    }
+    for &t in &TOKENS[..3] {
+        m.forward(t).unwrap();
+    }
+    match m.forward(1) {
+        Err(Error::ContextOverflow { pos: 3, max_context: 3 }) => {}
+        other => panic!("4th token with max_context 3: want ContextOverflow, got {other:?}"),
+    }
+    match Model::open(&dir, &ModelOptions { max_context: 0, ..Default::default() }) {
+        Err(Error::Invalid(msg)) => assert!(msg.contains("max_context"), "{msg}"),
+        other => panic!("max_context 0: want Invalid, got {other:?}"),
+    }
+}
