@@ -3,8 +3,11 @@
 //!
 //! ```text
 //! cargo run --release --example logits -- --model DIR --tokens 785,3974,13876 \
-//!     --backend reference --out FILE.npy [--max-context N]
+//!     --backend reference|q24 --out FILE.npy [--max-context N] [--cache-dir DIR]
 //! ```
+//!
+//! `reference` is the f32 reference forward pass; any other backend is a weight store of the BPF
+//! engine (`qwen_bpf::Model`), whose Q16 logits are converted to f32.
 //!
 //! The output is an f32 array of shape `[n_tokens, vocab]`; row `i` holds the logits after token
 //! `i` (i.e. the prediction for position `i + 1`).
@@ -15,15 +18,40 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use clap::{Parser, ValueEnum};
+mod common;
+
+use clap::Parser;
 use npyz::WriterBuilder;
-use qwen_bpf::{Checkpoint, Error, Result};
+use qwen_bpf::{Checkpoint, Error, Model, ModelOptions, Result};
 
 /// Which engine computes the logits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BackendKind {
     /// The f32 reference forward pass (`qwen_bpf::reference`).
     Reference,
+    /// The BPF engine with this weight store.
+    Bpf(qwen_bpf::Backend),
+}
+
+impl BackendKind {
+    fn name(self) -> &'static str {
+        match self {
+            BackendKind::Reference => "reference",
+            BackendKind::Bpf(b) => b.name(),
+        }
+    }
+}
+
+fn parse_backend_kind(s: &str) -> std::result::Result<BackendKind, String> {
+    if s.eq_ignore_ascii_case("reference") {
+        return Ok(BackendKind::Reference);
+    }
+    common::parse_backend(s).map(BackendKind::Bpf).map_err(|_| {
+        format!(
+            "unknown backend {s:?}; known: reference, {}",
+            common::backend_names()
+        )
+    })
 }
 
 #[derive(Debug, Parser)]
@@ -35,8 +63,8 @@ struct Args {
     /// Comma-separated token ids, fed one at a time.
     #[arg(long, value_name = "ID,ID,...", value_delimiter = ',', required = true)]
     tokens: Vec<u32>,
-    /// The engine to run.
-    #[arg(long, value_enum)]
+    /// The engine to run: "reference" (f32) or a BPF weight store ("q24", ...).
+    #[arg(long, value_parser = parse_backend_kind)]
     backend: BackendKind,
     /// Output .npy file: f32, shape [n_tokens, vocab].
     #[arg(long)]
@@ -44,6 +72,9 @@ struct Args {
     /// KV-cache capacity in tokens (default: the number of tokens).
     #[arg(long)]
     max_context: Option<usize>,
+    /// Where BPF weight stores keep their converted-weight cache (default: the model directory).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
 }
 
 /// One token in, one row of logits out.
@@ -57,24 +88,36 @@ impl Backend for qwen_bpf::reference::Reference {
     }
 }
 
-fn open_backend(
-    kind: BackendKind,
-    ckpt: &Checkpoint,
+impl Backend for Model {
+    fn forward(&mut self, token: u32) -> Result<Vec<f32>> {
+        Model::forward(self, token)
+    }
+}
+
+fn open_backend<'a>(
+    args: &Args,
+    ckpt: &'a Checkpoint,
     max_context: usize,
-) -> Result<Box<dyn Backend + '_>> {
-    Ok(match kind {
+) -> Result<Box<dyn Backend + 'a>> {
+    Ok(match args.backend {
         BackendKind::Reference => Box::new(qwen_bpf::reference::Reference::new(ckpt, max_context)?),
+        BackendKind::Bpf(backend) => {
+            let opts = ModelOptions {
+                backend,
+                max_context,
+                cache_dir: args.cache_dir.clone(),
+                progress: true,
+                ..Default::default()
+            };
+            Box::new(Model::open(&args.model, &opts)?)
+        }
     })
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
+    match common::parse_args::<Args>() {
+        Ok(args) => common::exit_with("logits", run(&args)),
+        Err(code) => code,
     }
 }
 
@@ -101,7 +144,7 @@ fn run(args: &Args) -> Result<()> {
     {
         return Err(Error::TokenOutOfRange { id, index, vocab });
     }
-    let mut backend = open_backend(args.backend, &ckpt, max_context)?;
+    let mut backend = open_backend(args, &ckpt, max_context)?;
 
     // Rows are streamed to a side file that replaces `out` only once every row is written, so a
     // failure never leaves a truncated .npy under the requested name.
@@ -121,9 +164,7 @@ fn run(args: &Args) -> Result<()> {
     println!(
         "{} tokens, vocab {vocab}, backend {} -> {} ({:.2} ms/token)",
         n,
-        args.backend
-            .to_possible_value()
-            .map_or_else(String::new, |v| v.get_name().to_string()),
+        args.backend.name(),
         args.out.display(),
         elapsed * 1e3 / n as f64
     );

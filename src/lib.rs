@@ -11,12 +11,14 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod default_model;
 pub mod error;
 pub mod fixed;
 pub mod kernel;
 pub mod model;
 pub mod reference;
 pub mod store;
+pub mod swar;
 pub mod synth;
 pub mod tokenizer;
 pub mod twin;

@@ -23,11 +23,15 @@ pub struct ModelOptions {
     pub cache_dir: Option<PathBuf>,
     /// Show progress bars while converting weights.
     pub progress: bool,
+    /// Threads for the largest operators (fused gate/up, LM head): each such operator becomes one
+    /// BPF run per thread over its share of the rows. Default: the CPUs available, at most 2.
+    pub threads: usize,
 }
 
 impl Default for ModelOptions {
     fn default() -> Self {
-        ModelOptions { backend: Backend::Q24, max_context: 2048, cache_dir: None, progress: false }
+        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        ModelOptions { backend: Backend::Q24, max_context: 2048, cache_dir: None, progress: false, threads: cpus.min(2) }
     }
 }
 
@@ -147,6 +151,7 @@ impl Model {
             });
         }
         let mut ops = Ops::load(memory.total())?;
+        ops.set_threads(opts.threads);
         store.upload(&mut ops)?;
         let b = Self::alloc_buffers(&mut ops, &cfg, opts.max_context)?;
         Ok(Model {

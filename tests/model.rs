@@ -13,18 +13,24 @@ fn open(dir: &std::path::Path, max_context: usize) -> Model {
     Model::open(dir, &ModelOptions { max_context, ..Default::default() }).expect("open the tiny model in BPF")
 }
 
+fn open_threads(dir: &std::path::Path, max_context: usize, threads: usize) -> Model {
+    Model::open(dir, &ModelOptions { max_context, threads, ..Default::default() }).expect("open the tiny model in BPF")
+}
+
 #[test]
 fn bpf_forward_equals_twin_bit_for_bit_and_counts_runs() {
     let dir = common::tiny_model("model-tiny");
-    let mut m = open(&dir, 32);
+    let mut m = open_threads(&dir, 32, 1);
+    let mut m2 = open_threads(&dir, 32, 2);
     let mut twin = TwinModel::open(&dir, &dir, 32).unwrap();
     let layers = m.config().num_hidden_layers as u64;
     for (i, &t) in TOKENS.iter().enumerate() {
         let before = m.bpf_runs();
         let got = m.forward_fixed(t).unwrap();
-        assert_eq!(m.bpf_runs() - before, 8 * layers + 3, "BPF runs for token {i}");
+        assert_eq!(m.bpf_runs() - before, 8 * layers + 3, "BPF runs for token {i} on one thread");
         let (want, best) = twin.forward(t).unwrap();
         assert_eq!(got, want, "logits at position {i}: BPF vs Rust twin");
+        assert_eq!(m2.forward_fixed(t).unwrap(), want, "logits at position {i}: BPF on two threads vs Rust twin");
         let argmax = got.iter().enumerate().max_by_key(|&(j, &v)| (v, std::cmp::Reverse(j))).unwrap().0;
         assert_eq!(argmax, best, "twin argmax at position {i}");
     }

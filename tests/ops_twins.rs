@@ -34,6 +34,11 @@ fn put<T: bytemuck::Pod>(o: &mut Ops, data: &[T]) -> Region {
     r
 }
 
+/// The bytes of `rows` of an i32 matrix with `k` columns stored at `w`.
+fn rows_of(w: Region, k: usize, rows: std::ops::Range<usize>) -> Region {
+    w.sub(rows.start * k * 4, rows.len() * k * 4)
+}
+
 fn get(o: &Ops, r: Region, n: usize) -> Vec<i32> {
     o.arena.slice::<i32>(Region { len: n * 4, ..r }).to_vec()
 }
@@ -60,13 +65,19 @@ fn matvec_matches_twin_including_residual_add_and_saturation() {
         let w = rng.vec(rows * k, wmax);
         let x = rng.vec(k, xmax);
         let (rw, rx) = (put(&mut o, &w), put(&mut o, &x));
-        // y = W x (Q16), in two row ranges, as a CPU split would use
+        // y = W x (Q16), in two row ranges (w pointing at each range's first row)
         let ry = o.arena.alloc(rows * 4, "y").unwrap();
-        o.matvec(rw, rx, ry, k, 0..rows / 2, false).unwrap();
-        o.matvec(rw, rx, ry, k, rows / 2..rows, false).unwrap();
+        o.matvec(rows_of(rw, k, 0..rows / 2), rx, ry, k, 0..rows / 2, false).unwrap();
+        o.matvec(rows_of(rw, k, rows / 2..rows), rx, ry, k, rows / 2..rows, false).unwrap();
         let mut want = vec![0; rows];
         fixed::matvec(&w, &x, 0..rows, &mut want);
-        assert_eq!(get(&o, ry, rows), want, "matvec {rows}x{k}: BPF vs twin");
+        assert_eq!(get(&o, ry, rows), want, "matvec {rows}x{k} in two row ranges: BPF vs twin");
+        // and split across two threads inside Ops (large enough to be split)
+        o.set_threads(2);
+        let ry2 = o.arena.alloc(rows * 4, "y2").unwrap();
+        o.matvec(rw, rx, ry2, k, 0..rows, false).unwrap();
+        o.set_threads(1);
+        assert_eq!(get(&o, ry2, rows), want, "matvec {rows}x{k} on two threads: BPF vs twin");
         // residual add into an i64 Q32 stream, including values next to the saturation bound
         let mut res: Vec<i64> = (0..rows).map(|i| if i % 4 == 0 { fixed::RES_MAX - 5 } else { rng.sym(1 << 30) as i64 * 4096 }).collect();
         let rres = put(&mut o, &res);
@@ -198,18 +209,29 @@ fn lm_head_argmax_matches_twin() {
     let x = rng.vec(k, 1 << 18);
     let (rw, rx) = (put(&mut o, &w), put(&mut o, &x));
     let ry = o.arena.alloc(rows * 4, "logits").unwrap();
-    let (a, av) = o.lm_head_argmax(rw, rx, Some(ry), k, 0..3000).unwrap();
-    let (b, bv) = o.lm_head_argmax(rw, rx, Some(ry), k, 3000..rows).unwrap();
+    let (a, av) = o.lm_head_argmax(rows_of(rw, k, 0..3000), rx, Some(ry), k, 0..3000).unwrap();
+    let (b, bv) = o.lm_head_argmax(rows_of(rw, k, 3000..rows), rx, Some(ry), k, 3000..rows).unwrap();
     let mut want = vec![0; rows];
     let (wa, wav) = fixed::lm_head_argmax(&w, &x, 0..3000, Some(&mut want));
     let (wb, wbv) = fixed::lm_head_argmax(&w, &x, 3000..rows, Some(&mut want));
     assert_eq!(get(&o, ry, rows), want, "logits: BPF vs twin");
     assert_eq!(((a, av), (b, bv)), ((wa, wav), (wb, wbv)), "argmax per row range: BPF vs twin");
-    // ties go to the first row
-    let w2 = vec![1 << 20; 4 * 32];
-    let x2 = vec![1 << 16; 32];
+    // a 151,936 x 32 head split over two threads: same argmax as the twin over all rows
+    let (rows2, k2) = (151_936, 32);
+    let w2 = rng.vec(rows2 * k2, 1 << 23);
+    let x2 = rng.vec(k2, 1 << 18);
     let (rw2, rx2) = (put(&mut o, &w2), put(&mut o, &x2));
-    assert_eq!(o.lm_head_argmax(rw2, rx2, None, 32, 0..4).unwrap().0, 0, "argmax tie goes to row 0");
+    o.set_threads(2);
+    let before = o.runs();
+    let got = o.lm_head_argmax(rw2, rx2, None, k2, 0..rows2).unwrap();
+    assert_eq!(o.runs() - before, 2, "a 4.9M-MAC head runs as two BPF runs on two threads");
+    assert_eq!(got, fixed::lm_head_argmax(&w2, &x2, 0..rows2, None), "two-thread argmax vs twin");
+    o.set_threads(1);
+    // ties go to the first row
+    let w3 = vec![1 << 20; 4 * 32];
+    let x3 = vec![1 << 16; 32];
+    let (rw3, rx3) = (put(&mut o, &w3), put(&mut o, &x3));
+    assert_eq!(o.lm_head_argmax(rw3, rx3, None, 32, 0..4).unwrap().0, 0, "argmax tie goes to row 0");
 }
 
 #[test]

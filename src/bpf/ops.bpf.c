@@ -204,7 +204,7 @@ int qk_norm_rope(struct qk_norm_rope_args *a)
 /* ------------------------------------------------------------------ matvec */
 
 struct matvec_args {
-	u64 w;        /* s32 Q24 [rows][k] */
+	u64 w;        /* s32 Q24 [nrows][k]: the rows row0.. of the matrix (a resident matrix or a window) */
 	u64 x;        /* s32 Q16 [k] */
 	u64 y;        /* out: s32 Q16 [rows], or the s64 Q32 residual stream when accumulating */
 	u32 k;        /* columns, a multiple of 8, <= 16384 */
@@ -243,7 +243,7 @@ struct row_ctx {
 static long matvec_row(u64 i, struct row_ctx *c)
 {
 	u32 r = c->row0 + (u32)i;
-	s64 d = dot_q24(c->w + r * c->stride, c->x, c->k); /* Q40 */
+	s64 d = dot_q24(c->w + i * c->stride, c->x, c->k); /* Q40 */
 
 	if (c->flag) {
 		s64 __arena *y = ARENA_PTR(s64, c->y + (u64)r * 8);
@@ -267,8 +267,8 @@ int matvec(struct matvec_args *a)
 }
 
 struct gate_up_args {
-	u64 gate;     /* s32 Q24 [rows][k]: mlp.gate_proj */
-	u64 up;       /* s32 Q24 [rows][k]: mlp.up_proj */
+	u64 gate;     /* s32 Q24 [nrows][k]: rows row0.. of mlp.gate_proj */
+	u64 up;       /* s32 Q24 [nrows][k]: rows row0.. of mlp.up_proj */
 	u64 x;        /* s32 Q16 [k] */
 	u64 y;        /* s32 Q16 [rows], out: silu(gate x) * (up x) */
 	u64 exp2;     /* u32 Q30 [257] */
@@ -279,8 +279,8 @@ static long gate_up_row(u64 i, struct row_ctx *c)
 {
 	u32 r = c->row0 + (u32)i;
 	s32 __arena *y = ARENA_PTR(s32, c->y + (u64)r * 4);
-	s32 g = sat32(rshr(dot_q24(c->w + r * c->stride, c->x, c->k), Q_W));
-	s32 u = sat32(rshr(dot_q24(c->w2 + r * c->stride, c->x, c->k), Q_W));
+	s32 g = sat32(rshr(dot_q24(c->w + i * c->stride, c->x, c->k), Q_W));
+	s32 u = sat32(rshr(dot_q24(c->w2 + i * c->stride, c->x, c->k), Q_W));
 
 	*y = swiglu(g, u, ARENA_PTR(const u32, c->tab));
 	return 0;
@@ -300,9 +300,9 @@ int gate_up_swiglu(struct gate_up_args *a)
 /* ------------------------------------------------------------------ LM head + argmax */
 
 struct lm_head_args {
-	u64 w;       /* s32 Q24 [vocab][k] */
+	u64 w;       /* s32 Q24 [nrows][k]: rows row0.. of the LM head */
 	u64 x;       /* s32 Q16 [k] */
-	u64 y;       /* s32 Q16 [vocab] logits out, or 0 to skip writing them */
+	u64 y;       /* s32 Q16 [vocab] logits out (indexed by row), or 0 to skip writing them */
 	u32 k, row0, nrows;
 	u32 best;    /* out: argmax row (first on ties) */
 	s64 best_val; /* out: its logit, Q16 */
@@ -311,7 +311,7 @@ struct lm_head_args {
 static long lm_head_row(u64 i, struct row_ctx *c)
 {
 	u32 r = c->row0 + (u32)i;
-	s32 l = sat32(rshr(dot_q24(c->w + r * c->stride, c->x, c->k), Q_W));
+	s32 l = sat32(rshr(dot_q24(c->w + i * c->stride, c->x, c->k), Q_W));
 
 	if (c->y)
 		*ARENA_PTR(s32, c->y + (u64)r * 4) = l;

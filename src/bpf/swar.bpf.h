@@ -16,8 +16,8 @@
  *                 scales u32 [rows/4][k/32][4].
  *   activations x (s32 Q16) quantised per block of 32 columns by quantize_x8 / quantize_x16:
  *             scale sx = max|x| / QMAX + 1 (Q16 units, so x ~= xq * sx), xq = round(x / sx)
- *             (half away from zero) in -QMAX..QMAX, QMAX = 127 (a8) or 32767 (a16); xq as s64
- *             [k], and per block struct swar_xblock { sum of xq, sx } [k/32].
+ *             (half away from zero) in -QMAX..QMAX, QMAX = 127 (a8) or 32767 (a16). One buffer
+ *             of 8.5 k bytes: s64 xq [k], then struct swar_xblock { sum of xq, sx } [k/32].
  *   output    y[r] = sat(round(sum_g s[r][g] * sx[g] * D[r][g] / 2^24)) in Q16, where
  *             D[r][g] = sum over the group's columns of w * xq, exactly.
  *
@@ -68,8 +68,7 @@ struct swar_xblock {
 
 struct quantize_x_args {
 	u64 x;   /* s32 Q16 [k] */
-	u64 xq;  /* s64 [k], out: xq in -qmax..qmax */
-	u64 blk; /* struct swar_xblock [k/32], out */
+	u64 xq;  /* out: s64 xq [k] in -qmax..qmax, then struct swar_xblock [k/32] */
 	u32 k;   /* a multiple of 32, <= 16384 */
 	u32 pad;
 };
@@ -108,7 +107,7 @@ __noinline int quantize_block(u64 xa, u64 qa, u64 ba, u32 qmax)
 
 static __always_inline int quantize_x(struct quantize_x_args *a, u32 qmax)
 {
-	u64 x = a->x, xq = a->xq, blk = a->blk;
+	u64 x = a->x, xq = a->xq, blk = a->xq + (u64)a->k * 8;
 	u32 k = a->k;
 
 	USE_ARENA(arena);
@@ -138,8 +137,7 @@ int quantize_x16(struct quantize_x_args *a)
 struct swar_mv_args {
 	u64 w;       /* packed weight words (layouts above) */
 	u64 s;       /* u32 Q24 weight scales */
-	u64 xq;      /* s64 [k] quantised activations */
-	u64 xb;      /* struct swar_xblock [k/32] */
+	u64 xq;      /* quantised activations: s64 [k], then struct swar_xblock [k/32] */
 	u64 y;       /* s32 Q16 [rows] out; LM head: logits, or 0 to skip writing them */
 	u32 k;       /* columns: a multiple of 32, <= 16384 */
 	u32 row0, nrows; /* multiples of 8 (W4) or 4 (W8) */
@@ -165,7 +163,7 @@ static __always_inline u64 lane32(u64 q, int l)
 }
 
 /* The end of a row block: y = sat(round(acc / 2^24)) (+ y), written unless ya == 0; returns the
- * block's best row packed as logit << 3 | (7 - l), so that the larger packed value is the larger
+ * block's best row packed as logit * 8 + 7 - l, so that the larger packed value is the larger
  * logit and, on ties, the lower row. */
 static __always_inline s64 finish_row(u64 acc, u64 ya, int l, u32 mode)
 {
@@ -175,13 +173,16 @@ static __always_inline s64 finish_row(u64 acc, u64 ya, int l, u32 mode)
 
 	if (ya)
 		*y = v;
-	return ((s64)v << 3) | (7 - l);
+	return (s64)v * 8 + (7 - l);
 }
 
 /* Eight rows of W4 times quantised x: wa = their [k/4][2] words, sa = their [k/32][8] scales,
- * ya = &y[first row] or 0. A global function: the verifier checks it once, on its own. */
-__noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 xba, u64 ya, u32 k, u32 mode)
+ * xqa = the quantised activations, ya = &y[first row] or 0, k_mode = k | mode << 32 (BPF
+ * functions take at most five arguments). A global function: the verifier checks it once. */
+__noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 {
+	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
+	u64 xba = xqa + (u64)k * 8;
 	u64 acc[8] = {};
 	s64 best = -(1LL << 62), p;
 
@@ -225,9 +226,12 @@ __noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 xba, u64 ya, u32 k, u32 m
 	return best;
 }
 
-/* Four rows of W8 times quantised x: wa = their [k/4][2] words, sa = their [k/32][4] scales. */
-__noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 xba, u64 ya, u32 k, u32 mode)
+/* Four rows of W8 times quantised x: wa = their [k/4][2] words, sa = their [k/32][4] scales;
+ * the other arguments as for w4a8_rows8. */
+__noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 {
+	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
+	u64 xba = xqa + (u64)k * 8;
 	u64 acc[4] = {};
 	s64 best = -(1LL << 62), p;
 
@@ -272,13 +276,13 @@ __noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 xba, u64 ya, u32 k, u32 
 }
 
 struct swar_ctx {
-	u64 w, s, xq, xb, y;
+	u64 w, s, xq, y;
 	u64 wstride, sstride; /* bytes of words and of scales per row block */
 	u32 k, block0, mode, best;
 	s64 best_val;
 };
 
-/* Keeps the best row: packed = logit << 3 | (7 - l) from the row-block function. */
+/* Keeps the best row: packed = logit * 8 + 7 - l from the row-block function. */
 static __always_inline void keep_best(struct swar_ctx *c, s64 packed, u32 rows_per_block, u64 blk)
 {
 	s64 v = packed >> 3;
@@ -292,8 +296,8 @@ static __always_inline void keep_best(struct swar_ctx *c, s64 packed, u32 rows_p
 static long w4a8_block(u64 i, struct swar_ctx *c)
 {
 	u64 blk = c->block0 + i;
-	s64 p = w4a8_rows8(c->w + blk * c->wstride, c->s + blk * c->sstride, c->xq, c->xb,
-			   c->y ? c->y + blk * 8 * 4 : 0, c->k, c->mode);
+	s64 p = w4a8_rows8(c->w + blk * c->wstride, c->s + blk * c->sstride, c->xq,
+			   c->y ? c->y + blk * 8 * 4 : 0, c->k | (u64)c->mode << 32);
 
 	if (c->mode == SW_MODE_ARGMAX)
 		keep_best(c, p, 8, blk);
@@ -303,8 +307,8 @@ static long w4a8_block(u64 i, struct swar_ctx *c)
 static long w8a16_block(u64 i, struct swar_ctx *c)
 {
 	u64 blk = c->block0 + i;
-	s64 p = w8a16_rows4(c->w + blk * c->wstride, c->s + blk * c->sstride, c->xq, c->xb,
-			    c->y ? c->y + blk * 4 * 4 : 0, c->k, c->mode);
+	s64 p = w8a16_rows4(c->w + blk * c->wstride, c->s + blk * c->sstride, c->xq,
+			    c->y ? c->y + blk * 4 * 4 : 0, c->k | (u64)c->mode << 32);
 
 	if (c->mode == SW_MODE_ARGMAX)
 		keep_best(c, p, 4, blk);
@@ -318,7 +322,7 @@ static __always_inline int swar_run(struct swar_mv_args *a, u32 rpb, int w8, int
 {
 	u32 k = a->k, row0 = a->row0, nrows = a->nrows;
 	struct swar_ctx c = {
-		.w = a->w, .s = a->s, .xq = a->xq, .xb = a->xb, .y = a->y,
+		.w = a->w, .s = a->s, .xq = a->xq, .y = a->y,
 		.wstride = (u64)rpb * k / (w8 ? 1 : 2), .sstride = (u64)rpb * (k / SW_GROUP) * 4,
 		.k = k, .block0 = row0 / rpb, .best = row0, .best_val = -ACT_MAX - 1,
 		.mode = argmax ? SW_MODE_ARGMAX : (a->accumulate ? SW_MODE_ACCUMULATE : SW_MODE_STORE),

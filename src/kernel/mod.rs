@@ -7,6 +7,7 @@
 pub mod arena;
 pub mod ops;
 pub mod probe;
+pub mod swar_ops;
 
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, BorrowedFd};

@@ -28,7 +28,12 @@ pub struct Ops {
     /// The shared memory the operators compute on.
     pub arena: Arena,
     runs: u64,
+    threads: usize,
 }
+
+/// Operators with at least this many multiply-adds are split across threads (see
+/// [`Ops::set_threads`]): at the Qwen3-0.6B shape, the fused gate/up and the LM head.
+pub const PAR_MIN_MACS: usize = 5 << 20;
 
 impl std::fmt::Debug for Ops {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,7 +78,7 @@ impl Ops {
         let base = arena::mapping(&skel.maps.arena)?;
         // SAFETY: libbpf maps the whole arena (pages * PAGE bytes) read-write for the skeleton's life.
         let arena = unsafe { Arena::new(base, pages * PAGE) };
-        Ok(Ops { skel: ManuallyDrop::new(skel), storage, arena, runs: 0 })
+        Ok(Ops { skel: ManuallyDrop::new(skel), storage, arena, runs: 0, threads: 1 })
     }
 
     /// BPF program runs since load.
@@ -81,25 +86,60 @@ impl Ops {
         self.runs
     }
 
-    /// Runs program `name` of the object once with `args` as its ctx; a non-zero return value
-    /// (the programs' "bad arguments") is an error.
+    /// The arena address of region `r`, as programs take it.
     pub(crate) fn addr_of(&self, r: Region) -> u64 {
         self.arena.addr(r)
     }
 
-    pub(crate) fn run<T>(&mut self, name: &str, args: &mut T) -> Result<()> {
+    /// How many threads large row-parallel operators are split across (default 1).
+    pub fn set_threads(&mut self, threads: usize) {
+        self.threads = threads.clamp(1, 8);
+    }
+
+    /// Splits `rows` into up to `threads` contiguous parts (multiples of 8 rows) when the operator
+    /// does at least [`PAR_MIN_MACS`] multiply-adds; otherwise one part.
+    pub(crate) fn parts(&self, rows: Rows, macs: usize) -> Vec<Rows> {
+        let n = if macs >= PAR_MIN_MACS { self.threads } else { 1 };
+        let step = rows.len().div_ceil(n).div_ceil(8) * 8;
+        (0..n).map(|i| (rows.start + i * step).min(rows.end)..(rows.start + (i + 1) * step).min(rows.end)).filter(|r| !r.is_empty()).collect()
+    }
+
+    /// Runs program `name` of the object once with `args` as its ctx; a non-zero return value
+    /// (the programs' "bad arguments") is an error.
+    pub(crate) fn run<T: Send>(&mut self, name: &str, args: &mut T) -> Result<()> {
+        self.run_parts(name, std::slice::from_mut(args))
+    }
+
+    /// Runs program `name` once per element of `args`, concurrently (one thread each) when there
+    /// are several: the row-split form of an operator.
+    pub(crate) fn run_parts<T: Send>(&mut self, name: &str, args: &mut [T]) -> Result<()> {
         let prog = self
             .skel
             .object()
             .progs()
             .find(|p| p.name() == name)
             .ok_or_else(|| Error::Bpf { what: name.into(), detail: "no such program in ops.bpf.c".into() })?;
-        let rc = test_run(prog.as_fd(), name, args)?;
-        self.runs += 1;
-        if rc != 0 {
-            return Err(Error::Bpf { what: name.into(), detail: format!("returned {rc} (bad arguments)") });
-        }
-        Ok(())
+        let fd = prog.as_fd();
+        let check = |rc: Result<i32>| match rc {
+            Ok(0) => Ok(()),
+            Ok(rc) => Err(Error::Bpf { what: name.into(), detail: format!("returned {rc} (bad arguments)") }),
+            Err(e) => Err(e),
+        };
+        let result = match args {
+            [] => Ok(()),
+            [one] => check(test_run(fd, name, one)),
+            [first, rest @ ..] => std::thread::scope(|s| {
+                let others: Vec<_> = rest.iter_mut().map(|a| s.spawn(move || test_run(fd, name, a))).collect();
+                let mut r = check(test_run(fd, name, first));
+                for h in others {
+                    let rc = h.join().unwrap_or_else(|_| Err(Error::Bpf { what: name.into(), detail: "worker thread panicked".into() }));
+                    r = r.and(check(rc));
+                }
+                r
+            }),
+        };
+        self.runs += args.len() as u64;
+        result
     }
 
     fn addr(&self, r: Region) -> u64 {
@@ -158,50 +198,62 @@ impl Ops {
     }
 
     /// `y[r] = W[r]·x` (y i32 Q16) or, when `accumulate`, `y[r] += W[r]·x` (y the i64 Q32
-    /// residual stream), for r in `rows`; W `[.][k]` Q24.
+    /// residual stream), for r in `rows`. `w` holds exactly those rows (Q24, `k` columns): a
+    /// resident matrix's sub-region or a staging window.
     pub fn matvec(&mut self, w: Region, x: Region, y: Region, k: usize, rows: Rows, accumulate: bool) -> Result<()> {
-        let mut a = matvec_args {
-            w: self.addr(w),
-            x: self.addr(x),
-            y: self.addr(y),
-            k: k as u32,
-            row0: rows.start as u32,
-            nrows: rows.len() as u32,
-            accumulate: accumulate as u32,
-        };
-        self.run("matvec", &mut a)
+        let (w0, x, y) = (self.addr(w), self.addr(x), self.addr(y));
+        let mut parts: Vec<matvec_args> = self
+            .parts(rows.clone(), rows.len() * k)
+            .into_iter()
+            .map(|p| matvec_args {
+                w: w0 + ((p.start - rows.start) * k * 4) as u64,
+                x,
+                y,
+                k: k as u32,
+                row0: p.start as u32,
+                nrows: p.len() as u32,
+                accumulate: accumulate as u32,
+            })
+            .collect();
+        self.run_parts("matvec", &mut parts)
     }
 
-    /// `y[r] = silu(gate[r]·x) * (up[r]·x)` for r in `rows`.
+    /// `y[r] = silu(gate[r]·x) * (up[r]·x)` for r in `rows`; `gate` and `up` hold those rows.
     #[allow(clippy::too_many_arguments)]
     pub fn gate_up_swiglu(&mut self, gate: Region, up: Region, x: Region, y: Region, exp2: Region, k: usize, rows: Rows) -> Result<()> {
-        let mut a = gate_up_args {
-            gate: self.addr(gate),
-            up: self.addr(up),
-            x: self.addr(x),
-            y: self.addr(y),
-            exp2: self.addr(exp2),
-            k: k as u32,
-            row0: rows.start as u32,
-            nrows: rows.len() as u32,
-            pad: 0,
-        };
-        self.run("gate_up_swiglu", &mut a)
+        let (g0, u0, x, y, exp2) = (self.addr(gate), self.addr(up), self.addr(x), self.addr(y), self.addr(exp2));
+        let mut parts: Vec<gate_up_args> = self
+            .parts(rows.clone(), 2 * rows.len() * k)
+            .into_iter()
+            .map(|p| {
+                let skip = ((p.start - rows.start) * k * 4) as u64;
+                gate_up_args { gate: g0 + skip, up: u0 + skip, x, y, exp2, k: k as u32, row0: p.start as u32, nrows: p.len() as u32, pad: 0 }
+            })
+            .collect();
+        self.run_parts("gate_up_swiglu", &mut parts)
     }
 
-    /// Logits of `rows` (into `y` when given) and their argmax: (row, logit Q16).
+    /// Logits of `rows` (into `y`, indexed by row, when given) and their argmax: (row, Q16
+    /// logit), the first row on ties. `w` holds those rows.
     pub fn lm_head_argmax(&mut self, w: Region, x: Region, y: Option<Region>, k: usize, rows: Rows) -> Result<(usize, i32)> {
-        let mut a = lm_head_args {
-            w: self.addr(w),
-            x: self.addr(x),
-            y: y.map(|r| self.addr(r)).unwrap_or(0),
-            k: k as u32,
-            row0: rows.start as u32,
-            nrows: rows.len() as u32,
-            ..Default::default()
-        };
-        self.run("lm_head_argmax", &mut a)?;
-        Ok((a.best as usize, a.best_val as i32))
+        let (w0, x, y) = (self.addr(w), self.addr(x), y.map(|r| self.addr(r)).unwrap_or(0));
+        let mut parts: Vec<lm_head_args> = self
+            .parts(rows.clone(), rows.len() * k)
+            .into_iter()
+            .map(|p| lm_head_args {
+                w: w0 + ((p.start - rows.start) * k * 4) as u64,
+                x,
+                y,
+                k: k as u32,
+                row0: p.start as u32,
+                nrows: p.len() as u32,
+                ..Default::default()
+            })
+            .collect();
+        self.run_parts("lm_head_argmax", &mut parts)?;
+        // parts are in row order: a later part wins only with a strictly larger logit
+        let best = parts.iter().fold((rows.start, i64::MIN), |b, a| if a.best_val > b.1 { (a.best as usize, a.best_val) } else { b });
+        Ok((best.0, best.1 as i32))
     }
 
     /// Causal GQA attention at `pos` (see [`crate::fixed::attention`]).

@@ -189,15 +189,22 @@ impl WeightStore for Q24Store {
             Linear::O(l) => self.layers[l].o,
             Linear::Down(l) => self.layers[l].down,
         };
-        ops.matvec(w, x, y, super::linear_cols(&self.cfg, m), rows, accumulate)
+        let k = super::linear_cols(&self.cfg, m);
+        ops.matvec(rows_of(w, k, &rows), x, y, k, rows, accumulate)
     }
 
     fn gate_up_swiglu(&mut self, ops: &mut Ops, layer: usize, x: Region, y: Region, exp2: Region, rows: Rows) -> Result<()> {
-        let l = self.layers[layer];
-        ops.gate_up_swiglu(l.gate, l.up, x, y, exp2, self.cfg.hidden_size, rows)
+        let (l, k) = (self.layers[layer], self.cfg.hidden_size);
+        ops.gate_up_swiglu(rows_of(l.gate, k, &rows), rows_of(l.up, k, &rows), x, y, exp2, k, rows)
     }
 
     fn lm_head(&mut self, ops: &mut Ops, x: Region, logits: Option<Region>, rows: Rows) -> Result<(usize, i32)> {
-        ops.lm_head_argmax(self.lm_head, x, logits, self.cfg.hidden_size, rows)
+        let k = self.cfg.hidden_size;
+        ops.lm_head_argmax(rows_of(self.lm_head, k, &rows), x, logits, k, rows)
     }
+}
+
+/// The bytes of `rows` of a resident i32 matrix with `k` columns.
+fn rows_of(w: Region, k: usize, rows: &Rows) -> Region {
+    w.sub(rows.start * k * 4, rows.len() * k * 4)
 }
