@@ -90,10 +90,11 @@ fn run(args: &Args) -> Result<()> {
     let tokenizer = open_tokenizer(&dir, args.tokenizer.as_deref())?;
 
     // The prompt, as ids.
-    let (prompt, echo) = match (&args.tokens, &tokenizer) {
-        (Some(ids), _) => (ids.clone(), None),
+    let (prompt, echo): (Vec<u32>, Option<String>) = match (&args.tokens, &tokenizer) {
+        (Some(ids), Some(tok)) => (ids.clone(), tok.decode(ids).ok()),
+        (Some(ids), None) => (ids.clone(), None),
         (None, Some(tok)) if args.chat => (tok.encode_chat(&args.prompt)?, None),
-        (None, Some(tok)) => (tok.encode(&args.prompt)?, Some(args.prompt.as_str())),
+        (None, Some(tok)) => (tok.encode(&args.prompt)?, Some(args.prompt.clone())),
         (None, None) if args.chat => {
             return Err(Error::Invalid(
                 "--chat needs a tokenizer: the model directory has no tokenizer.json; pass --tokenizer FILE".into(),
@@ -104,7 +105,7 @@ fn run(args: &Args) -> Result<()> {
                 "note: no tokenizer: the prompt is fed as raw UTF-8 bytes (Qwen's byte-level tokens 0-255, no merges) \
                  and generated tokens are printed as <id>; pass --tokenizer FILE for text"
             );
-            (args.prompt.bytes().map(byte_token).collect(), Some(args.prompt.as_str()))
+            (args.prompt.bytes().map(byte_token).collect(), Some(args.prompt.clone()))
         }
     };
     if prompt.is_empty() {
@@ -158,7 +159,7 @@ fn run(args: &Args) -> Result<()> {
         stdout: std::io::stdout().lock(),
         stream: tokenizer.as_ref().map(Tokenizer::stream),
     };
-    if let Some(text) = echo {
+    if let Some(text) = &echo {
         out.write(text)?;
     }
 

@@ -5,6 +5,7 @@
 //! everything resident in the arena ([`q24::Q24Store`]), stream rows through a small window, or
 //! use another number format with its own kernels. RMSNorm weights are tiny and always resident.
 
+pub mod arena_batch;
 pub mod cache;
 pub mod q24;
 
@@ -99,6 +100,8 @@ pub fn linear_cols(cfg: &Config, m: Linear) -> usize {
 pub enum Backend {
     /// Q24 weights converted once to a cache file and kept resident in the arena.
     Q24,
+    /// The same Q24 cache, streamed through a 2 MiB arena window before each operator run.
+    Arena,
 }
 
 impl Backend {
@@ -106,6 +109,7 @@ impl Backend {
     pub fn open(self, ck: &Checkpoint, cache_dir: &Path, progress: bool) -> Result<Box<dyn WeightStore>> {
         match self {
             Backend::Q24 => Ok(Box::new(q24::Q24Store::open(ck, cache_dir, progress)?)),
+            Backend::Arena => Ok(Box::new(arena_batch::ArenaBatchStore::open(ck, cache_dir, progress)?)),
         }
     }
 
@@ -113,6 +117,15 @@ impl Backend {
     pub fn name(self) -> &'static str {
         match self {
             Backend::Q24 => "q24",
+            Backend::Arena => "arena",
         }
+    }
+
+    /// Every backend, in the order reports list them.
+    pub const ALL: [Backend; 2] = [Backend::Q24, Backend::Arena];
+
+    /// The backend called `name` on the command line.
+    pub fn from_name(name: &str) -> Option<Backend> {
+        Backend::ALL.into_iter().find(|b| b.name() == name)
     }
 }

@@ -1,0 +1,84 @@
+//! Weight stores and their cache files: the arena-batch store matches the resident Q24 store byte
+//! for byte inside a 2 MiB weight budget; Q24 cache files are reused, and rebuilt when truncated,
+//! corrupted or stale.
+
+mod common;
+
+use std::path::Path;
+
+use qwen_bpf::store::arena_batch::WEIGHT_BYTES;
+use qwen_bpf::store::q24::FILE_NAME;
+use qwen_bpf::{Backend, Model, ModelOptions};
+
+const TOKENS: [u32; 16] = [785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386];
+
+fn open(dir: &Path, backend: Backend, cache: &Path) -> Model {
+    let opts = ModelOptions { backend, max_context: 32, cache_dir: Some(cache.to_path_buf()), ..Default::default() };
+    Model::open(dir, &opts).unwrap_or_else(|e| panic!("open {} with the {} store: {e}", dir.display(), backend.name()))
+}
+
+#[test]
+fn arena_batch_logits_are_byte_identical_to_q24_within_2_mib() {
+    let dir = common::tiny_model("stores-tiny");
+    let mut q24 = open(&dir, Backend::Q24, &dir);
+    let mut arena = open(&dir, Backend::Arena, &dir);
+    assert!(arena.kernel_memory().weights <= WEIGHT_BYTES, "arena store weight memory {:?}", arena.kernel_memory());
+    assert_eq!(arena.kernel_memory().weights, 2 << 20, "the arena store reports its 2 MiB weight budget");
+    for (i, &t) in TOKENS.iter().enumerate() {
+        assert_eq!(arena.forward_fixed(t).unwrap(), q24.forward_fixed(t).unwrap(), "logits at position {i}: arena-batch vs Q24");
+    }
+    arena.reset();
+    q24.reset();
+    for &t in &TOKENS[..4] {
+        assert_eq!(arena.next_token(t).unwrap(), q24.next_token(t).unwrap(), "next_token: arena-batch vs Q24");
+    }
+}
+
+fn mtime(p: &Path) -> std::time::SystemTime {
+    std::fs::metadata(p).and_then(|m| m.modified()).unwrap()
+}
+
+#[test]
+fn q24_cache_is_reused_and_rebuilt_when_truncated_corrupt_or_stale() {
+    let dir = common::tiny_model("stores-cache");
+    let cache_dir = common::scratch_dir();
+    let file = cache_dir.path().join(FILE_NAME);
+    let want = open(&dir, Backend::Q24, cache_dir.path()).forward_fixed(TOKENS[0]).unwrap();
+    assert!(file.is_file(), "first open writes {}", file.display());
+    let len = std::fs::metadata(&file).unwrap().len();
+
+    // a second open reuses the file untouched
+    let t0 = mtime(&file);
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    assert_eq!(open(&dir, Backend::Q24, cache_dir.path()).forward_fixed(TOKENS[0]).unwrap(), want);
+    assert_eq!(mtime(&file), t0, "a valid cache file is reused, not rewritten");
+
+    // truncated, bit-flipped, stale (another checkpoint identity) or garbage: rebuilt, same logits
+    let damage: [(&str, fn(&Path)); 4] = [
+        ("truncated", |f| {
+            let n = std::fs::metadata(f).unwrap().len();
+            std::fs::OpenOptions::new().write(true).open(f).unwrap().set_len(n / 2).unwrap();
+        }),
+        ("bit-flipped", |f| {
+            let mut b = std::fs::read(f).unwrap();
+            let i = b.len() - 1000;
+            b[i] ^= 0x10;
+            std::fs::write(f, b).unwrap();
+        }),
+        ("stale", |f| {
+            let b = std::fs::read(f).unwrap();
+            let text = String::from_utf8_lossy(&b[..4096]).into_owned();
+            let at = text.find("model.safetensors:").expect("identity in the header");
+            let mut b = b;
+            b[at] = b'M'; // another file name: another checkpoint's identity
+            std::fs::write(f, b).unwrap();
+        }),
+        ("garbage", |f| std::fs::write(f, b"not a cache file at all").unwrap()),
+    ];
+    for (what, hurt) in damage {
+        hurt(&file);
+        let got = open(&dir, Backend::Q24, cache_dir.path()).forward_fixed(TOKENS[0]).unwrap();
+        assert_eq!(got, want, "logits after rebuilding a {what} cache");
+        assert_eq!(std::fs::metadata(&file).unwrap().len(), len, "{what} cache rebuilt to full size");
+    }
+}
