@@ -216,7 +216,7 @@ fn run(args: &Args) -> Result<()> {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     println!(
-        "| reference (f32) | — | — | — | — | — | — | — | — (CPU) | {:.1} s | {:.1} |",
+        "| reference (f32, 1 thread) | — | — | — | — | — | — | — | — (CPU) | {:.1} s | {:.1} |",
         want.load.as_secs_f64(),
         want.ms_per_token
     );

@@ -103,3 +103,21 @@ fn bad_tokens_and_context_overflow_are_typed_errors() {
         other => panic!("max_context 0: want Invalid, got {other:?}"),
     }
 }
+
+#[test]
+fn model_is_send_and_runs_on_another_thread() {
+    fn assert_send<T: Send>(_: &T) {}
+    let dir = common::tiny_model("model-tiny");
+    let mut m = open(&dir, 8);
+    assert_send(&m);
+    let first = m.forward_fixed(TOKENS[0]).unwrap();
+    let mut m = std::thread::spawn(move || {
+        m.reset();
+        assert_eq!(m.forward_fixed(TOKENS[0]).unwrap(), first, "same logits on another thread");
+        m
+    })
+    .join()
+    .unwrap();
+    assert_eq!(m.position(), 1);
+    m.reset();
+}

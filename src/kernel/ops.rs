@@ -35,6 +35,10 @@ pub struct Ops {
 /// [`Ops::set_threads`]): at the Qwen3-0.6B shape, the fused gate/up and the LM head.
 pub const PAR_MIN_MACS: usize = 5 << 20;
 
+// SAFETY: the generated skeleton is Send; `storage` is owned exclusively by this value (only the
+// skeleton borrows it) and the arena mapping is process-wide memory.
+unsafe impl Send for Ops {}
+
 impl std::fmt::Debug for Ops {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ops").field("arena", &self.arena).field("runs", &self.runs).finish()
