@@ -1,12 +1,14 @@
-use qwen_bpf::{Model, ModelOptions};
+use qwen_bpf::{Backend, Model, ModelOptions};
 fn main() {
+    let threads: usize = std::env::var("T").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let backend = Backend::from_name(&std::env::var("B").unwrap_or("q24".into())).unwrap();
     let t0 = std::time::Instant::now();
-    let mut m = Model::open("/tmp/q06", &ModelOptions { max_context: 64, progress: true, ..Default::default() }).unwrap();
+    let mut m = Model::open("/tmp/q06", &ModelOptions { max_context: 64, progress: true, threads, backend, ..Default::default() }).unwrap();
     eprintln!("open {:.2}s mem {:?}", t0.elapsed().as_secs_f64(), m.kernel_memory());
     let mut tok = 785u32;
     let t1 = std::time::Instant::now();
     let r0 = m.bpf_runs();
     for _ in 0..8 { tok = m.next_token(tok).unwrap(); }
     let dt = t1.elapsed().as_secs_f64() / 8.0;
-    eprintln!("{:.1} ms/token, {} runs/token", dt * 1e3, (m.bpf_runs() - r0) / 8);
+    eprintln!("threads {threads}: {:.1} ms/token, {} runs/token", dt * 1e3, (m.bpf_runs() - r0) / 8);
 }

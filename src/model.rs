@@ -95,6 +95,29 @@ fn scratch_plan(cfg: &Config, max_ctx: usize) -> (usize, usize) {
     (scratch, kv)
 }
 
+/// `MemAvailable` of `/proc/meminfo` in bytes: memory the kernel can hand out without swapping.
+pub fn mem_available() -> Option<usize> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb = text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().strip_suffix("kB")?.trim().parse::<usize>().ok()?;
+    kb.checked_mul(1024)
+}
+
+/// Refuses an arena of `weights + kv + scratch` bytes (the KV cache sized for `max_context`) that
+/// the machine's `available` memory cannot hold; `None` (unknown) passes. Arena pages are
+/// kernel memory that cannot be swapped, so this runs before anything is converted or loaded.
+pub fn check_memory(weights: usize, kv: usize, scratch: usize, max_context: usize, available: Option<usize>) -> Result<()> {
+    let need = weights.saturating_add(kv).saturating_add(scratch);
+    match available {
+        Some(avail) if need > avail => Err(Error::Resources {
+            msg: format!(
+                "the arena needs {need} bytes ({weights} weights + {kv} KV cache for max_context {max_context} + {scratch} scratch) \
+                 but only {avail} bytes are available (MemAvailable)"
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// A Qwen3 model loaded into BPF. Dropping it unloads the programs and frees the arena.
 pub struct Model {
     cfg: Config,
@@ -129,6 +152,18 @@ impl Model {
                 opts.max_context, cfg.max_position_embeddings
             )));
         }
+        // The KV cache alone must fit the arena; checking it first also keeps every size below
+        // far from overflowing (max_context may be anything up to max_position_embeddings).
+        let kv_per_token = 2 * cfg.num_hidden_layers * cfg.kv_dim() * 4;
+        if opts.max_context.saturating_mul(kv_per_token) > MAX_ARENA_BYTES {
+            return Err(Error::Resources {
+                msg: format!(
+                    "a KV cache of {} bytes ({kv_per_token} bytes per token × max_context {}) exceeds the {MAX_ARENA_BYTES}-byte BPF arena limit",
+                    opts.max_context as u128 * kv_per_token as u128,
+                    opts.max_context
+                ),
+            });
+        }
         let (scratch, kv) = scratch_plan(&cfg, opts.max_context);
         let weights_estimate = cfg.num_parameters() * 4;
         if scratch + kv > MAX_ARENA_BYTES || (opts.backend == Backend::Q24 && scratch + kv + weights_estimate > MAX_ARENA_BYTES) {
@@ -140,6 +175,8 @@ impl Model {
                 ),
             });
         }
+        let weights_need = if opts.backend == Backend::Q24 { weights_estimate } else { 0 };
+        check_memory(weights_need, kv, scratch, opts.max_context, mem_available())?;
         let cache_dir = opts.cache_dir.clone().unwrap_or_else(|| dir.to_path_buf());
         let mut store = opts.backend.open(&ck, &cache_dir, opts.progress)?;
         drop(ck);
@@ -242,6 +279,28 @@ impl Model {
     /// fused argmax (no logits are copied out).
     pub fn next_token(&mut self, token: u32) -> Result<u32> {
         Ok(self.step(token, false)?.0 as u32)
+    }
+
+    /// Feeds a whole prompt and returns the logits after its last token. The prompt is checked
+    /// before anything is fed, so on error the model is unchanged: no token is
+    /// [`Error::EmptyPrompt`], an id outside the vocabulary is [`Error::TokenOutOfRange`] (with its
+    /// index in `tokens`), and a prompt longer than the remaining context is
+    /// [`Error::ContextOverflow`] (at the first position that does not fit).
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let Some((&last, head)) = tokens.split_last() else {
+            return Err(Error::EmptyPrompt);
+        };
+        let vocab = self.cfg.vocab_size;
+        if let Some((index, &id)) = tokens.iter().enumerate().find(|&(_, &t)| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { id, index, vocab });
+        }
+        if tokens.len() > self.max_context - self.pos {
+            return Err(Error::ContextOverflow { pos: self.max_context, max_context: self.max_context });
+        }
+        for &t in head {
+            self.step(t, false)?;
+        }
+        self.forward(last)
     }
 
     /// One decoder pass at the current position. Returns the argmax (row, Q16 logit).

@@ -6,15 +6,12 @@ use std::process::ExitCode;
 use clap::Parser;
 use qwen_bpf::Backend;
 
-/// Every weight store the examples offer, by [`Backend::name`]. A new store is one line here.
-pub const BACKENDS: &[Backend] = &[Backend::Q24];
+/// Every weight store the examples offer ([`Backend::ALL`]).
+pub const BACKENDS: &[Backend] = &Backend::ALL;
 
-/// The store called `s` on the command line.
+/// The store called `s` on the command line ([`Backend::from_name`]).
 pub fn parse_backend(s: &str) -> Result<Backend, String> {
-    BACKENDS
-        .iter()
-        .copied()
-        .find(|b| b.name().eq_ignore_ascii_case(s))
+    Backend::from_name(s)
         .ok_or_else(|| format!("unknown backend {s:?}; known: {}", backend_names()))
 }
 

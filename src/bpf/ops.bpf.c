@@ -297,6 +297,29 @@ int gate_up_swiglu(struct gate_up_args *a)
 	return (int)bpf_loop(a->nrows, gate_up_row, &c, 0) < 0;
 }
 
+struct swiglu_args {
+	u64 gate;  /* s32 Q16 [n]: gate_proj . x */
+	u64 up;    /* s32 Q16 [n]: up_proj . x */
+	u64 y;     /* s32 Q16 [n], out: silu(gate) * up; may equal gate or up */
+	u64 exp2;  /* u32 Q30 [257] */
+	u32 n, pad;
+};
+
+/* silu(gate) * up elementwise, for stores whose projections run as separate matvecs. */
+SEC("syscall")
+int swiglu_vec(struct swiglu_args *a)
+{
+	const s32 __arena *g = ARENA_PTR(const s32, a->gate);
+	const s32 __arena *u = ARENA_PTR(const s32, a->up);
+	const u32 __arena *tab = ARENA_PTR(const u32, a->exp2);
+	s32 __arena *y = ARENA_PTR(s32, a->y);
+
+	USE_ARENA(arena);
+	FOR(i, 0, a->n)
+		y[i] = swiglu(g[i], u[i], tab);
+	return 0;
+}
+
 /* ------------------------------------------------------------------ LM head + argmax */
 
 struct lm_head_args {

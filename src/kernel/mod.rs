@@ -39,36 +39,92 @@ pub(crate) fn test_run<T>(prog: BorrowedFd<'_>, what: &str, args: &mut T) -> Res
     Ok(opts.retval as i32)
 }
 
-/// Checks, before loading anything, that the kernel has what qwen_bpf needs and that this
-/// process may use it. Missing privileges and missing features become distinct typed errors.
-pub fn check_kernel() -> Result<()> {
+/// What [`check_kernel`] asks the kernel, as raw answers: libbpf's feature probes (1 supported,
+/// 0 not, negative an errno) and the calling thread's effective capabilities.
+///
+/// libbpf's probes cannot tell "not supported" from "not allowed": without CAP_BPF every probe
+/// answers 0. [`classify`] therefore consults the capabilities before blaming the kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProbeResults {
+    /// `libbpf_probe_bpf_map_type(BPF_MAP_TYPE_ARENA)`.
+    pub arena: i32,
+    /// `libbpf_probe_bpf_prog_type(BPF_PROG_TYPE_SYSCALL)`.
+    pub syscall_prog: i32,
+    /// `libbpf_probe_bpf_helper(BPF_PROG_TYPE_SYSCALL, BPF_FUNC_loop)`.
+    pub bpf_loop: i32,
+    /// The effective capability set (`CapEff` of `/proc/thread-self/status`), when readable.
+    pub cap_eff: Option<u64>,
+}
+
+/// Capability numbers from `linux/capability.h`.
+pub const CAP_SYS_ADMIN: u32 = 21;
+/// `CAP_PERFMON` (Linux >= 5.8).
+pub const CAP_PERFMON: u32 = 38;
+/// `CAP_BPF` (Linux >= 5.8).
+pub const CAP_BPF: u32 = 39;
+
+/// Runs libbpf's feature probes and reads the capabilities (see [`ProbeResults`]).
+pub fn probe_results() -> ProbeResults {
     // SAFETY: plain probe calls without pointers.
     let arena = unsafe { libbpf_sys::libbpf_probe_bpf_map_type(33 /* BPF_MAP_TYPE_ARENA */, std::ptr::null()) };
     let syscall_prog = unsafe { libbpf_sys::libbpf_probe_bpf_prog_type(libbpf_sys::BPF_PROG_TYPE_SYSCALL, std::ptr::null()) };
     let bpf_loop = unsafe {
         libbpf_sys::libbpf_probe_bpf_helper(libbpf_sys::BPF_PROG_TYPE_SYSCALL, libbpf_sys::BPF_FUNC_loop, std::ptr::null())
     };
-    for r in [arena, syscall_prog, bpf_loop] {
+    let cap_eff = std::fs::read_to_string("/proc/thread-self/status")
+        .or_else(|_| std::fs::read_to_string("/proc/self/status"))
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapEff:").map(|v| v.trim().to_string())))
+        .and_then(|v| u64::from_str_radix(&v, 16).ok());
+    ProbeResults { arena, syscall_prog, bpf_loop, cap_eff }
+}
+
+/// Turns probe answers into the crate's verdict: `Ok` when all three features answered 1;
+/// otherwise [`Error::Privileges`] naming the missing capabilities when the process lacks CAP_BPF
+/// or CAP_PERFMON (CAP_SYS_ADMIN implies both) or a probe was refused (EPERM/EACCES), and else
+/// [`Error::KernelFeature`] naming the first missing feature.
+pub fn classify(p: &ProbeResults) -> Result<()> {
+    if p.arena == 1 && p.syscall_prog == 1 && p.bpf_loop == 1 {
+        return Ok(());
+    }
+    let what = "probing BPF features";
+    if let Some(caps) = p.cap_eff {
+        let has = |c: u32| caps & (1 << c) != 0 || caps & (1 << CAP_SYS_ADMIN) != 0;
+        let capability = match (has(CAP_BPF), has(CAP_PERFMON)) {
+            (false, false) => Some(CAPABILITIES),
+            (false, true) => Some("CAP_BPF"),
+            (true, false) => Some("CAP_PERFMON"),
+            (true, true) => None,
+        };
+        if let Some(capability) = capability {
+            return Err(Error::Privileges { what: what.into(), capability });
+        }
+    }
+    for r in [p.arena, p.syscall_prog, p.bpf_loop] {
         if r == -libc::EPERM || r == -libc::EACCES {
-            return Err(Error::Privileges { what: "probing BPF features".into(), capability: CAPABILITIES });
+            return Err(Error::Privileges { what: what.into(), capability: CAPABILITIES });
         }
     }
     let missing = |feature: &'static str, needs: &'static str, r: i32| Error::KernelFeature {
-        what: "probing BPF features".into(),
+        what: what.into(),
         feature,
         needs,
         detail: if r < 0 { std::io::Error::from_raw_os_error(-r).to_string() } else { "not supported".into() },
     };
-    if syscall_prog != 1 {
-        return Err(missing("BPF_PROG_TYPE_SYSCALL programs", "Linux >= 5.14", syscall_prog));
+    if p.syscall_prog != 1 {
+        return Err(missing("BPF_PROG_TYPE_SYSCALL programs", "Linux >= 5.14", p.syscall_prog));
     }
-    if bpf_loop != 1 {
-        return Err(missing("the bpf_loop helper", "Linux >= 5.17", bpf_loop));
+    if p.bpf_loop != 1 {
+        return Err(missing("the bpf_loop helper", "Linux >= 5.17", p.bpf_loop));
     }
-    if arena != 1 {
-        return Err(missing("BPF arena maps", "Linux >= 6.9 with CONFIG_BPF_SYSCALL and an MMU", arena));
-    }
-    Ok(())
+    Err(missing("BPF arena maps", "Linux >= 6.9 with CONFIG_BPF_SYSCALL and an MMU", p.arena))
+}
+
+/// Checks, before loading anything, that the kernel has what qwen_bpf needs and that this
+/// process may use it: [`classify`] of [`probe_results`]. Missing privileges and missing features
+/// become distinct typed errors.
+pub fn check_kernel() -> Result<()> {
+    classify(&probe_results())
 }
 
 /// Turns a libbpf-rs failure while opening or loading `what` into the crate's error.

@@ -237,6 +237,12 @@ impl Ops {
         self.run_parts("gate_up_swiglu", &mut parts)
     }
 
+    /// `y[i] = silu(gate[i]) * up[i]` for `n` Q16 values (y may alias either input).
+    pub fn swiglu(&mut self, gate: Region, up: Region, y: Region, exp2: Region, n: usize) -> Result<()> {
+        let mut a = swiglu_args { gate: self.addr(gate), up: self.addr(up), y: self.addr(y), exp2: self.addr(exp2), n: n as u32, pad: 0 };
+        self.run("swiglu_vec", &mut a)
+    }
+
     /// Logits of `rows` (into `y`, indexed by row, when given) and their argmax: (row, Q16
     /// logit), the first row on ties. `w` holds those rows.
     pub fn lm_head_argmax(&mut self, w: Region, x: Region, y: Option<Region>, k: usize, rows: Rows) -> Result<(usize, i32)> {
