@@ -140,7 +140,7 @@ fn run(args: &Args) -> Result<()> {
     };
 
     eprintln!(
-        "loading {} with the {} store (max context {max_context}; the first load converts the weights, which takes a while)",
+        "loading {} with the {} store (max context {max_context}; a first load converts the weights into a cache file, which takes a while)",
         dir.display(),
         args.backend.name()
     );

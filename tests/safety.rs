@@ -181,7 +181,8 @@ fn child(mode: &str, envs: &[(&str, String)]) -> Command {
 fn child_results(out: std::process::Output, what: &str) -> Vec<String> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{what} failed: {}\nstdout:\n{stdout}\nstderr:\n{}", out.status, String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<String> = stdout.lines().filter_map(|l| l.strip_prefix("RESULT: ")).map(str::to_string).collect();
+    // libtest prints "test child_process_entry ... " in front of the first line
+    let lines: Vec<String> = stdout.lines().filter_map(|l| l.split_once("RESULT: ")).map(|(_, r)| r.to_string()).collect();
     assert!(!lines.is_empty(), "{what} printed no result:\n{stdout}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
     lines
 }
@@ -661,4 +662,30 @@ fn oversized_requests_are_refused_before_anything_is_loaded() {
     check_memory(usize::MAX, usize::MAX, 1, 1, None).unwrap();
     let avail = qwen_bpf::model::mem_available().expect("MemAvailable in /proc/meminfo");
     assert!(avail > 1 << 20, "MemAvailable {avail}");
+}
+
+#[test]
+#[ignore]
+fn tmp_timing() {
+    let dir = common::tiny_model("safety-tiny");
+    for _ in 0..3 {
+        let t = Instant::now();
+        qwen_bpf::kernel::check_kernel().unwrap();
+        let a = t.elapsed();
+        qwen_bpf::kernel::probe::probe().unwrap();
+        let b = t.elapsed();
+        let ops = qwen_bpf::kernel::ops::Ops::load(1 << 20).unwrap();
+        let c = t.elapsed();
+        drop(ops);
+        let d = t.elapsed();
+        let ops = qwen_bpf::kernel::ops::Ops::load(64 << 20).unwrap();
+        let e = t.elapsed();
+        drop(ops);
+        let f = t.elapsed();
+        let m = Model::open(&dir, &opts(8, &dir)).unwrap();
+        let g = t.elapsed();
+        drop(m);
+        let h = t.elapsed();
+        eprintln!("check {a:?} probe {b:?} ops1M {c:?} drop {d:?} ops64M {e:?} drop {f:?} model {g:?} drop {h:?}");
+    }
 }

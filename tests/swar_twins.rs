@@ -497,35 +497,3 @@ fn twin_of_unquantised_wrapper_equals_quantised_path() {
     assert_eq!(swar::w4a8_lm_head_argmax(&m4, &x, 0..rows, None), swar::lm_head_argmax_quantized(&m4, &swar::quantize_x8(&x), 0..rows, None), "w4a8 LM head");
     assert_eq!(swar::w8a16_lm_head_argmax(&m8, &x, 0..rows, None), swar::lm_head_argmax_quantized(&m8, &swar::quantize_x16(&x), 0..rows, None), "w8a16 LM head");
 }
-
-#[test]
-#[ignore]
-fn exp_variants() {
-    let mut o = ops(256 << 20);
-    let mut rng = Rng(18);
-    for (rows, k) in [(3072, 1024), (1024, 3072)] {
-        let wq24 = rng.vec(rows * k, 1 << 22);
-        let wf = rng.weights(rows * k, 0.02);
-        let x = q16(&rng.activations(k));
-        let (rw, rx) = (put(&mut o, &wq24), put(&mut o, &x));
-        let ry = o.arena.alloc(rows * 4, "y").unwrap();
-        let m4 = o.upload_int4(&swar::quantize_int4(&wf, rows, k).unwrap()).unwrap();
-        let x8 = o.alloc_quant_x(k, W4A8).unwrap();
-        o.quantize_x(rx, &x8).unwrap();
-        let names = ["plain", "w4a8_matvec", "exp_base", "exp_quadbar", "exp_pow2"];
-        let mut best = vec![f64::MAX; names.len()];
-        for _ in 0..7 {
-            for (i, n) in names.iter().enumerate() {
-                let mut f = |o: &mut Ops| if i == 0 { o.matvec(rw, rx, ry, k, 0..rows, false).unwrap() } else { o.swar_exp(n, &m4, &x8, ry, 0..rows).unwrap() };
-                f(&mut o);
-                let t = std::time::Instant::now();
-                for _ in 0..40 { f(&mut o); }
-                best[i] = best[i].min(t.elapsed().as_secs_f64() / 40.0);
-            }
-        }
-        for (i, n) in names.iter().enumerate() {
-            let g = (rows * k) as f64 / best[i] / 1e9;
-            println!("{n:>14} {rows}x{k}: {g:6.2} GMAC/s {:5.2}x", g / ((rows * k) as f64 / best[0] / 1e9));
-        }
-    }
-}

@@ -150,11 +150,3 @@ impl Ops {
         self.swar_lm_head(W8A16, m, xq, y, rows)
     }
 }
-
-impl Ops {
-    #[doc(hidden)]
-    pub fn swar_exp(&mut self, prog: &str, m: &PackedRegions, xq: &QuantXRegion, y: Region, rows: Rows) -> Result<()> {
-        let mut a = self.swar_args(m.format, m, xq, Some(y), &rows)?;
-        self.run(prog, &mut a)
-    }
-}

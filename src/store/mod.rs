@@ -7,6 +7,7 @@
 
 pub mod arena_batch;
 pub mod cache;
+pub mod int;
 pub mod q24;
 
 use std::path::Path;
@@ -102,6 +103,10 @@ pub enum Backend {
     Q24,
     /// The same Q24 cache, streamed through a 2 MiB arena window before each operator run.
     Arena,
+    /// 4-bit attention and MLP weights, 8-bit LM head, SWAR kernels ([`int::INT4`]).
+    Int4,
+    /// 8-bit weights with 16-bit activations, SWAR kernels ([`int::INT8`]).
+    Int8,
 }
 
 impl Backend {
@@ -110,6 +115,8 @@ impl Backend {
         match self {
             Backend::Q24 => Ok(Box::new(q24::Q24Store::open(ck, cache_dir, progress)?)),
             Backend::Arena => Ok(Box::new(arena_batch::ArenaBatchStore::open(ck, cache_dir, progress)?)),
+            Backend::Int4 => Ok(Box::new(int::IntStore::open(ck, cache_dir, int::INT4, progress)?)),
+            Backend::Int8 => Ok(Box::new(int::IntStore::open(ck, cache_dir, int::INT8, progress)?)),
         }
     }
 
@@ -118,11 +125,13 @@ impl Backend {
         match self {
             Backend::Q24 => "q24",
             Backend::Arena => "arena",
+            Backend::Int4 => "int4",
+            Backend::Int8 => "int8",
         }
     }
 
     /// Every backend, in the order reports list them.
-    pub const ALL: [Backend; 2] = [Backend::Q24, Backend::Arena];
+    pub const ALL: [Backend; 4] = [Backend::Q24, Backend::Arena, Backend::Int4, Backend::Int8];
 
     /// The backend called `name` on the command line.
     pub fn from_name(name: &str) -> Option<Backend> {

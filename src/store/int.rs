@@ -1,0 +1,311 @@
+//! The low-bit stores: linear weights quantised group-wise (32 columns, a Q24 scale per row and
+//! group) to 4 or 8 bits and multiplied by the SWAR kernels of `src/bpf/swar.bpf.h`, with the
+//! activations quantised per 32-column block in BPF before each matrix. A [`Plan`] says which
+//! format each kind of matrix gets. RMSNorm weights stay Q20 and resident; the embedding table
+//! stays Q24 in the memory-mapped cache file and one row is staged per token.
+//!
+//! Cache file (`qwen_bpf.int4` / `qwen_bpf.int8`, see [`super::cache`]): the norm vectors (Q20),
+//! `model.embed_tokens.weight` (Q24), then per matrix `<name>.words` (u64, kernel layout) and
+//! `<name>.scales` (u32 Q24). q, k and v are stacked as `model.layers.N.self_attn.qkv`, gate and
+//! up as `model.layers.N.mlp.gate_up`: one kernel run each.
+
+use std::path::Path;
+
+use super::cache::{self, CacheFile, Entry};
+use super::{linear_cols, Linear, Norm, WeightStore};
+use crate::checkpoint::tensor_specs;
+use crate::fixed::{self, Q_NORM, Q_W};
+use crate::kernel::arena::Region;
+use crate::kernel::ops::{Ops, Rows};
+use crate::kernel::swar_ops::{PackedRegions, QuantXRegion};
+use crate::swar::{self, Format, W4A8, W8A16};
+use crate::{Checkpoint, Config, Error, Result};
+
+/// Which format each kind of matrix is stored in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// Cache format name ("int4", "int8").
+    pub name: &'static str,
+    /// q/k/v and o projections.
+    pub attention: Format,
+    /// gate and up projections.
+    pub gate_up: Format,
+    /// down projection.
+    pub down: Format,
+    /// The LM head.
+    pub lm_head: Format,
+}
+
+/// INT4: 4-bit attention and MLP matrices; the LM head stays 8-bit (its logits decide the argmax
+/// and a 4-bit head costs the most accuracy per byte saved; see README's accuracy table).
+pub const INT4: Plan = Plan { name: "int4", attention: W4A8, gate_up: W4A8, down: W4A8, lm_head: W8A16 };
+/// INT8: every matrix 8-bit with 16-bit activations.
+pub const INT8: Plan = Plan { name: "int8", attention: W8A16, gate_up: W8A16, down: W8A16, lm_head: W8A16 };
+
+/// The matrices of one layer in the arena.
+#[derive(Debug, Clone, Copy)]
+struct LayerMats {
+    qkv: PackedRegions,
+    o: PackedRegions,
+    gate_up: PackedRegions,
+    down: PackedRegions,
+}
+
+/// Quantised weights resident in the arena.
+#[derive(Debug)]
+pub struct IntStore {
+    plan: Plan,
+    cache: CacheFile,
+    cfg: Config,
+    layers: Vec<LayerMats>,
+    lm_head: Option<PackedRegions>,
+    norms: Vec<(String, Region)>,
+    embed_row: Region,
+    /// Quantised-activation buffers, one per (columns, format) in use.
+    xq: Vec<QuantXRegion>,
+    /// gate and up outputs `[2][intermediate]` i32 Q16.
+    gate_up_out: Region,
+}
+
+fn file_name(plan: &Plan) -> String {
+    format!("qwen_bpf.{}", plan.name)
+}
+
+/// The matrices of the cache, in payload order: (name, rows, cols, format, HF tensors stacked).
+fn matrices(cfg: &Config, plan: &Plan) -> Vec<(String, usize, usize, Format, Vec<String>)> {
+    let (h, ffn) = (cfg.hidden_size, cfg.intermediate_size);
+    let mut v = Vec::new();
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        let t = |n: &str| format!("{p}.{n}.weight");
+        v.push((format!("{p}.self_attn.qkv"), cfg.q_dim() + 2 * cfg.kv_dim(), h, plan.attention, vec![t("self_attn.q_proj"), t("self_attn.k_proj"), t("self_attn.v_proj")]));
+        v.push((format!("{p}.self_attn.o"), h, cfg.q_dim(), plan.attention, vec![t("self_attn.o_proj")]));
+        v.push((format!("{p}.mlp.gate_up"), 2 * ffn, h, plan.gate_up, vec![t("mlp.gate_proj"), t("mlp.up_proj")]));
+        v.push((format!("{p}.mlp.down"), h, ffn, plan.down, vec![t("mlp.down_proj")]));
+    }
+    let head = if cfg.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+    v.push(("lm_head".into(), cfg.vocab_size, h, plan.lm_head, vec![head.into()]));
+    v
+}
+
+/// Bytes of the packed words and the scales of a `rows` × `cols` matrix in `f`.
+fn packed_bytes(f: Format, rows: usize, cols: usize) -> (usize, usize) {
+    (rows * cols * f.bits as usize / 8, rows * (cols / swar::GROUP) * 4)
+}
+
+/// Opens the cache of `plan` for `ck` in `cache_dir`, (re)building it when missing or unusable.
+fn open_or_convert(ck: &Checkpoint, cache_dir: &Path, plan: &Plan, progress: bool) -> Result<CacheFile> {
+    let path = cache_dir.join(file_name(plan));
+    let identity = ck.identity();
+    match cache::open(&path, plan.name, &identity, &ck.config)? {
+        Ok(c) => return Ok(c),
+        Err(reason) if progress => eprintln!("qwen_bpf: quantising weights to {} ({}: {reason})", plan.name, path.display()),
+        Err(_) => {}
+    }
+    let cfg = &ck.config;
+    let mut entries = Vec::new();
+    let mut off = 0usize;
+    let mut push = |name: String, q: u32, len: usize| {
+        entries.push(Entry { name, q, offset: off, len });
+        off += len;
+    };
+    for (name, shape) in tensor_specs(cfg) {
+        if shape.len() == 1 {
+            push(name, Q_NORM, shape[0] * 4);
+        } else if name == "model.embed_tokens.weight" {
+            push(name, Q_W, shape[0] * shape[1] * 4);
+        }
+    }
+    let mats = matrices(cfg, plan);
+    for (name, rows, cols, f, _) in &mats {
+        let (w, s) = packed_bytes(*f, *rows, *cols);
+        push(format!("{name}.words"), f.bits, w);
+        push(format!("{name}.scales"), f.bits, s);
+    }
+    let total = cfg.num_parameters() as u64;
+    let bar = progress.then(|| crate::progress_bar(total, plan.name));
+    cache::write(&path, plan.name, &identity, cfg, entries, |sink| {
+        let mut buf = Vec::new();
+        for (name, shape) in tensor_specs(cfg) {
+            if shape.len() == 1 || name == "model.embed_tokens.weight" {
+                let q = if shape.len() == 1 { Q_NORM } else { Q_W };
+                let vals = ck.tensor_f32(&name)?;
+                buf.clear();
+                for (i, &v) in vals.iter().enumerate() {
+                    buf.extend_from_slice(&fixed::to_fixed(v, q, if q == Q_W { "Q24" } else { "Q20" }, &name, i)?.to_le_bytes());
+                }
+                sink(&buf)?;
+            }
+        }
+        for (_, rows, cols, f, sources) in &mats {
+            let mut w = Vec::with_capacity(rows * cols);
+            for s in sources {
+                ck.read_rows_f32(s, 0, usize::MAX, &mut w)?;
+            }
+            let (words, scales) = if *f == W4A8 {
+                let m = swar::quantize_int4(&w, *rows, *cols)?;
+                (m.words, m.scales)
+            } else {
+                let m = swar::quantize_int8(&w, *rows, *cols)?;
+                (m.words, m.scales)
+            };
+            sink(bytemuck::cast_slice(&words))?;
+            sink(bytemuck::cast_slice(&scales))?;
+            if let Some(b) = &bar {
+                b.inc((rows * cols) as u64);
+            }
+        }
+        Ok(())
+    })?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    match cache::open(&path, plan.name, &identity, cfg)? {
+        Ok(c) => Ok(c),
+        Err(reason) => Err(Error::Cache { path, msg: format!("freshly written cache is unusable: {reason}") }),
+    }
+}
+
+impl IntStore {
+    /// Opens (quantising if needed) the `plan` cache of `ck` in `cache_dir`.
+    pub fn open(ck: &Checkpoint, cache_dir: &Path, plan: Plan, progress: bool) -> Result<IntStore> {
+        let cache = open_or_convert(ck, cache_dir, &plan, progress)?;
+        Ok(IntStore {
+            plan,
+            cache,
+            cfg: ck.config.clone(),
+            layers: Vec::new(),
+            lm_head: None,
+            norms: Vec::new(),
+            embed_row: Region::default(),
+            xq: Vec::new(),
+            gate_up_out: Region::default(),
+        })
+    }
+
+    fn upload_matrix(&self, ops: &mut Ops, name: &str, rows: usize, cols: usize, f: Format) -> Result<PackedRegions> {
+        let (wb, sb) = (self.cache.bytes(&format!("{name}.words"))?, self.cache.bytes(&format!("{name}.scales"))?);
+        let words = ops.arena.alloc(wb.len(), "packed weights")?;
+        ops.arena.slice_mut::<u8>(words).copy_from_slice(wb);
+        let scales = ops.arena.alloc(sb.len(), "weight scales")?;
+        ops.arena.slice_mut::<u8>(scales).copy_from_slice(sb);
+        Ok(PackedRegions { format: f, words, scales, rows, cols })
+    }
+
+    /// The quantised-activation buffer for `k` columns in format `f`, after quantising `x` into it.
+    fn quantize(&self, ops: &mut Ops, x: Region, k: usize, f: Format) -> Result<QuantXRegion> {
+        let xq = *self.xq.iter().find(|q| q.k == k && q.format == f).expect("a buffer for every (k, format) in the plan");
+        ops.quantize_x(x, &xq)?;
+        Ok(xq)
+    }
+
+    fn run(&self, ops: &mut Ops, m: &PackedRegions, xq: &QuantXRegion, y: Region, rows: Rows, accumulate: bool) -> Result<()> {
+        if m.format == W4A8 {
+            ops.w4a8_matvec(m, xq, y, rows, accumulate)
+        } else {
+            ops.w8a16_matvec(m, xq, y, rows, accumulate)
+        }
+    }
+}
+
+impl WeightStore for IntStore {
+    fn name(&self) -> &'static str {
+        self.plan.name
+    }
+
+    fn arena_bytes(&self) -> usize {
+        // everything but the embedding table, which stays in the file; plus staging and scratch
+        let embed = self.cache.entry("model.embed_tokens.weight").map(|e| e.len).unwrap_or(0);
+        let c = &self.cfg;
+        let scratch = 4 * (swar::QuantX::bytes(c.hidden_size.max(c.intermediate_size).max(c.q_dim())) + 4096)
+            + 2 * c.intermediate_size * 4
+            + c.hidden_size * 4;
+        self.cache.header.payload_bytes - embed + scratch + 4096 * (self.cache.header.tensors.len() + 16)
+    }
+
+    fn upload(&mut self, ops: &mut Ops) -> Result<()> {
+        for e in self.cache.header.tensors.iter().filter(|e| e.q == Q_NORM) {
+            let r = ops.arena.alloc(e.len, "norm weights")?;
+            ops.arena.slice_mut::<u8>(r).copy_from_slice(&self.cache.payload()[e.offset..e.offset + e.len]);
+            self.norms.push((e.name.clone(), r));
+        }
+        let c = self.cfg.clone();
+        for (name, rows, cols, f, _) in matrices(&c, &self.plan) {
+            let m = self.upload_matrix(ops, &name, rows, cols, f)?;
+            if name == "lm_head" {
+                self.lm_head = Some(m);
+            } else if name.ends_with(".qkv") {
+                self.layers.push(LayerMats { qkv: m, o: m, gate_up: m, down: m });
+            } else {
+                let l = self.layers.last_mut().expect("qkv comes first in each layer");
+                match name.rsplit('.').next() {
+                    Some("o") => l.o = m,
+                    Some("gate_up") => l.gate_up = m,
+                    _ => l.down = m,
+                }
+            }
+        }
+        let mut wanted: Vec<(usize, Format)> = vec![
+            (c.hidden_size, self.plan.attention),
+            (c.q_dim(), self.plan.attention),
+            (c.hidden_size, self.plan.gate_up),
+            (c.intermediate_size, self.plan.down),
+            (c.hidden_size, self.plan.lm_head),
+        ];
+        wanted.sort_by_key(|(k, f)| (*k, f.name));
+        wanted.dedup();
+        for (k, f) in wanted {
+            self.xq.push(ops.alloc_quant_x(k, f)?);
+        }
+        self.gate_up_out = ops.arena.alloc(2 * c.intermediate_size * 4, "gate/up outputs")?;
+        self.embed_row = ops.arena.alloc(c.hidden_size * 4, "embedding row")?;
+        Ok(())
+    }
+
+    fn norm(&self, n: Norm) -> Region {
+        let name = n.tensor_name();
+        self.norms.iter().find(|(t, _)| *t == name).map(|(_, r)| *r).expect("norm weights are uploaded for every tensor_specs norm")
+    }
+
+    fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        let table = self.cache.bytes("model.embed_tokens.weight")?;
+        let row = &table[token as usize * h * 4..(token as usize + 1) * h * 4];
+        ops.arena.slice_mut::<u8>(self.embed_row).copy_from_slice(row);
+        ops.embed(self.embed_row, 0, h, x)
+    }
+
+    fn matvec(&mut self, ops: &mut Ops, m: Linear, x: Region, y: Region, rows: Rows, accumulate: bool) -> Result<()> {
+        let (mat, k) = match m {
+            Linear::Qkv(l) => (self.layers[l].qkv, linear_cols(&self.cfg, m)),
+            Linear::O(l) => (self.layers[l].o, linear_cols(&self.cfg, m)),
+            Linear::Down(l) => (self.layers[l].down, linear_cols(&self.cfg, m)),
+        };
+        let xq = self.quantize(ops, x, k, mat.format)?;
+        self.run(ops, &mat, &xq, y, rows, accumulate)
+    }
+
+    fn gate_up_swiglu(&mut self, ops: &mut Ops, layer: usize, x: Region, y: Region, exp2: Region, rows: Rows) -> Result<()> {
+        let (ffn, mat) = (self.cfg.intermediate_size, self.layers[layer].gate_up);
+        let xq = self.quantize(ops, x, self.cfg.hidden_size, mat.format)?;
+        let out = self.gate_up_out;
+        if rows == (0..ffn) {
+            self.run(ops, &mat, &xq, out, 0..2 * ffn, false)?;
+        } else {
+            self.run(ops, &mat, &xq, out, rows.clone(), false)?;
+            self.run(ops, &mat, &xq, out, ffn + rows.start..ffn + rows.end, false)?;
+        }
+        let (g, u) = (out.sub(rows.start * 4, rows.len() * 4), out.sub((ffn + rows.start) * 4, rows.len() * 4));
+        ops.swiglu(g, u, y.sub(rows.start * 4, rows.len() * 4), exp2, rows.len())
+    }
+
+    fn lm_head(&mut self, ops: &mut Ops, x: Region, logits: Option<Region>, rows: Rows) -> Result<(usize, i32)> {
+        let head = self.lm_head.expect("uploaded");
+        let xq = self.quantize(ops, x, self.cfg.hidden_size, head.format)?;
+        if head.format == W4A8 {
+            ops.w4a8_lm_head_argmax(&head, &xq, logits, rows)
+        } else {
+            ops.w8a16_lm_head_argmax(&head, &xq, logits, rows)
+        }
+    }
+}
