@@ -187,6 +187,8 @@ impl Model {
                 msg: format!("{weights} weight + {kv} KV + {scratch} scratch bytes exceed the {MAX_ARENA_BYTES}-byte BPF arena limit"),
             });
         }
+        // Again with the store's exact weight bytes (the estimate above covers only q24).
+        check_memory(weights, kv, scratch, opts.max_context, mem_available())?;
         let mut ops = Ops::load(memory.total())?;
         ops.set_threads(opts.threads);
         store.upload(&mut ops)?;

@@ -5,12 +5,16 @@
 //! CAP_PERFMON).
 //!
 //! Speed: `cargo test --release --test swar_twins -- --ignored --nocapture gmacs`.
+// Row ranges are passed as lists of consecutive ranges, often of one.
+#![allow(clippy::single_range_in_vec_init, clippy::needless_range_loop)]
 
 use qwen_bpf::fixed::ACT_MAX;
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::kernel::swar_ops::{PackedRegions, QuantXRegion};
-use qwen_bpf::swar::{self, Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, W4A8, W8A16};
+use qwen_bpf::swar::{
+    self, Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, W4A8, W8A16,
+};
 
 /// xorshift64*: deterministic test data.
 struct Rng(u64);
@@ -39,11 +43,21 @@ impl Rng {
     }
     /// weights like a trained layer's: normal with a few large outliers
     fn weights(&mut self, n: usize, sd: f64) -> Vec<f32> {
-        (0..n).map(|_| (if self.next() % 500 == 0 { self.normal(sd * 8.0) } else { self.normal(sd) }) as f32).collect()
+        (0..n)
+            .map(|_| {
+                (if self.next() % 500 == 0 {
+                    self.normal(sd * 8.0)
+                } else {
+                    self.normal(sd)
+                }) as f32
+            })
+            .collect()
     }
     /// activations in f32 with per-column magnitudes and outlier channels, as after RMSNorm
     fn activations(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|j| (self.normal(1.0) * if j % 97 == 5 { 40.0 } else { 1.0 }) as f32).collect()
+        (0..n)
+            .map(|j| (self.normal(1.0) * if j % 97 == 5 { 40.0 } else { 1.0 }) as f32)
+            .collect()
     }
 }
 
@@ -54,7 +68,9 @@ fn ops(bytes: usize) -> Ops {
 fn put<T: bytemuck::Pod>(o: &mut Ops, data: &[T]) -> Region {
     let len = std::mem::size_of_val(data);
     let r = o.arena.alloc(len.max(8), "test data").unwrap();
-    o.arena.slice_mut::<T>(Region { len, ..r }).copy_from_slice(data);
+    o.arena
+        .slice_mut::<T>(Region { len, ..r })
+        .copy_from_slice(data);
     Region { len, ..r }
 }
 
@@ -63,7 +79,9 @@ fn get(o: &Ops, r: Region, n: usize) -> Vec<i32> {
 }
 
 fn q16(x: &[f32]) -> Vec<i32> {
-    x.iter().map(|&v| (v as f64 * 65536.0).round() as i32).collect()
+    x.iter()
+        .map(|&v| (v as f64 * 65536.0).round() as i32)
+        .collect()
 }
 
 /// Uploads x, quantises it in BPF for `f`, and returns the buffer.
@@ -84,23 +102,62 @@ fn twin_quantize(x: &[i32], f: Format) -> QuantX {
 
 /// Runs the format's BPF matvec over `splits` (consecutive row ranges) and the twin over the
 /// whole range, from the same starting y, and asserts equal outputs.
-fn check_matvec<M: PackedMatrix>(o: &mut Ops, m: &M, rm: &PackedRegions, x: &[i32], y0: &[i32], splits: &[std::ops::Range<usize>], accumulate: bool, what: &str) {
+#[allow(clippy::too_many_arguments)]
+fn check_matvec<M: PackedMatrix>(
+    o: &mut Ops,
+    m: &M,
+    rm: &PackedRegions,
+    x: &[i32],
+    y0: &[i32],
+    splits: &[std::ops::Range<usize>],
+    accumulate: bool,
+    what: &str,
+) {
     let f = M::FORMAT;
     let xq = bpf_quantize(o, x, f);
-    let ry = put(o, y0);
-    for rows in splits {
-        if f == W4A8 {
-            o.w4a8_matvec(rm, &xq, ry, rows.clone(), accumulate).unwrap();
-        } else {
-            o.w8a16_matvec(rm, &xq, ry, rows.clone(), accumulate).unwrap();
-        }
-    }
-    let mut want = y0.to_vec();
     let all = splits[0].start..splits[splits.len() - 1].end;
-    swar::matvec_quantized(m, &twin_quantize(x, f), all, accumulate, &mut want);
-    let got = get(o, ry, y0.len());
+    let run = |o: &mut Ops, ry: Region| {
+        for rows in splits {
+            if f == W4A8 {
+                o.w4a8_matvec(rm, &xq, ry, rows.clone(), accumulate).unwrap();
+            } else {
+                o.w8a16_matvec(rm, &xq, ry, rows.clone(), accumulate).unwrap();
+            }
+        }
+    };
+    let (got, want): (Vec<i64>, Vec<i64>) = if accumulate {
+        // the i64 Q32 residual stream; values near ±ACT_MAX in y0 stand next to ±RES_MAX
+        let y64: Vec<i64> = y0
+            .iter()
+            .map(|&v| {
+                let v = v as i64;
+                if v.abs() >= 1 << 30 {
+                    v.signum() * (qwen_bpf::fixed::RES_MAX - (qwen_bpf::fixed::ACT_MAX - v.abs()))
+                } else {
+                    v << 16
+                }
+            })
+            .collect();
+        let ry = put(o, &y64);
+        run(o, ry);
+        let mut want = y64.clone();
+        swar::matvec_quantized_residual(m, &twin_quantize(x, f), all, &mut want);
+        (o.arena.slice::<i64>(Region { len: y64.len() * 8, ..ry }).to_vec(), want)
+    } else {
+        let ry = put(o, y0);
+        run(o, ry);
+        let mut want = y0.to_vec();
+        swar::matvec_quantized(m, &twin_quantize(x, f), all, &mut want);
+        (get(o, ry, y0.len()).into_iter().map(i64::from).collect(), want.into_iter().map(i64::from).collect())
+    };
     if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
-        panic!("{} {what}: BPF y[{i}] = {} vs twin {} (first of {} differences)", f.name, got[i], want[i], (0..want.len()).filter(|&i| got[i] != want[i]).count());
+        panic!(
+            "{} {what}: BPF y[{i}] = {} vs twin {} (first of {} differences)",
+            f.name,
+            got[i],
+            want[i],
+            (0..want.len()).filter(|&i| got[i] != want[i]).count()
+        );
     }
 }
 
@@ -116,16 +173,36 @@ fn quantize_x_programs_match_twins_bit_for_bit() {
     x[2] = -(ACT_MAX as i32);
     x[32..64].iter_mut().for_each(|v| *v = 0);
     x[64] = 1 << 30;
-    x[65..96].iter_mut().enumerate().for_each(|(i, v)| *v = i as i32 - 15);
-    x[96..128].iter_mut().enumerate().for_each(|(i, v)| *v = (2 * i as i32 + 1) * 127 * 3);
+    x[65..96]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = i as i32 - 15);
+    x[96..128]
+        .iter_mut()
+        .enumerate()
+        .for_each(|(i, v)| *v = (2 * i as i32 + 1) * 127 * 3);
     x[128..160].iter_mut().for_each(|v| *v = -v.abs() - 1);
     for f in [W4A8, W8A16] {
         let xq = bpf_quantize(&mut o, &x, f);
         let got = o.arena.slice::<u64>(xq.region).to_vec();
         let want = twin_quantize(&x, f);
-        assert_eq!(QuantX::from_words(&got, x.len(), f.act_max), want, "{}: BPF quantised x (codes and blocks) vs twin", f.name);
-        assert!(want.q.iter().all(|q| q.abs() <= f.act_max), "{}: codes within ±QMAX", f.name);
-        assert_eq!(want.blocks[1], swar::XBlock { sum: 0, scale: 1 }, "{}: an all-zero block has sum 0, scale 1", f.name);
+        assert_eq!(
+            QuantX::from_words(&got, x.len(), f.act_max),
+            want,
+            "{}: BPF quantised x (codes and blocks) vs twin",
+            f.name
+        );
+        assert!(
+            want.q.iter().all(|q| q.abs() <= f.act_max),
+            "{}: codes within ±QMAX",
+            f.name
+        );
+        assert_eq!(
+            want.blocks[1],
+            swar::XBlock { sum: 0, scale: 1 },
+            "{}: an all-zero block has sum 0, scale 1",
+            f.name
+        );
     }
 }
 
@@ -139,8 +216,26 @@ fn w4a8_matvec_matches_twin_at_model_shapes() {
         let x = q16(&rng.activations(k));
         let y0 = rng.vec(rows, 1 << 30);
         let half = rows / 2 / 8 * 8;
-        check_matvec(&mut o, &m, &rm, &x, &y0, &[0..rows], false, &format!("{rows}x{k}"));
-        check_matvec(&mut o, &m, &rm, &x, &y0, &[0..half, half..rows], true, &format!("{rows}x{k} in two row ranges, accumulate"));
+        check_matvec(
+            &mut o,
+            &m,
+            &rm,
+            &x,
+            &y0,
+            &[0..rows],
+            false,
+            &format!("{rows}x{k}"),
+        );
+        check_matvec(
+            &mut o,
+            &m,
+            &rm,
+            &x,
+            &y0,
+            &[0..half, half..rows],
+            true,
+            &format!("{rows}x{k} in two row ranges, accumulate"),
+        );
     }
 }
 
@@ -154,8 +249,26 @@ fn w8a16_matvec_matches_twin_at_model_shapes() {
         let x = q16(&rng.activations(k));
         let y0 = rng.vec(rows, 1 << 30);
         let half = rows / 2 / 4 * 4 + 4; // not a multiple of 8: W8A16 blocks are 4 rows
-        check_matvec(&mut o, &m, &rm, &x, &y0, &[0..rows], false, &format!("{rows}x{k}"));
-        check_matvec(&mut o, &m, &rm, &x, &y0, &[0..half, half..rows], true, &format!("{rows}x{k} in two row ranges, accumulate"));
+        check_matvec(
+            &mut o,
+            &m,
+            &rm,
+            &x,
+            &y0,
+            &[0..rows],
+            false,
+            &format!("{rows}x{k}"),
+        );
+        check_matvec(
+            &mut o,
+            &m,
+            &rm,
+            &x,
+            &y0,
+            &[0..half, half..rows],
+            true,
+            &format!("{rows}x{k} in two row ranges, accumulate"),
+        );
     }
 }
 
@@ -179,7 +292,7 @@ fn swar_matvecs_match_twins_on_edge_cases() {
                 3 if j == 7 => -(1 << 29),
                 3 => (j as i32) * 3 - 40,
                 4 => -(rng.sym(1 << 24) as i32).abs() - 1,
-                5 => if j % 2 == 0 { 1 } else { -1 },
+                5 => 1 - 2 * (j as i32 % 2),
                 6 => rng.sym(1 << 18) as i32,
                 _ => i32::MAX,
             };
@@ -195,50 +308,132 @@ fn swar_matvecs_match_twins_on_edge_cases() {
                 codes[r * k + j] = match r % 4 {
                     0 => lo,
                     1 => hi,
-                    2 => if j % 2 == 0 { lo } else { hi },
+                    2 => [lo, hi][j % 2],
                     _ => rng.sym(f.bias as i64 - 1) as i8,
                 };
             }
             for g in 0..ng {
                 scales[r * ng + g] = match r / 4 % 4 {
-                    0 => 1 << 20,              // 1/16: ordinary
+                    0 => 1 << 20,                    // 1/16: ordinary
                     1 => [0, 1, u32::MAX, 3][g % 4], // zero, tiny and huge scales: wraps and saturates
                     2 => rng.next() as u32 >> 8,
                     _ => (1 << 24) + g as u32,
                 };
             }
         }
-        let y_sat: Vec<i32> = (0..rows).map(|r| match r % 3 {
-            0 => ACT_MAX as i32 - 5,
-            1 => -(ACT_MAX as i32) + 5,
-            _ => rng.sym(1 << 20) as i32,
-        }).collect();
-        for (name, xv) in [("extreme blocks", x.clone()), ("negated", x.iter().map(|v| v.wrapping_neg()).collect()), ("all zero", vec![0; k])] {
+        let y_sat: Vec<i32> = (0..rows)
+            .map(|r| match r % 3 {
+                0 => ACT_MAX as i32 - 5,
+                1 => -(ACT_MAX as i32) + 5,
+                _ => rng.sym(1 << 20) as i32,
+            })
+            .collect();
+        for (name, xv) in [
+            ("extreme blocks", x.clone()),
+            ("negated", x.iter().map(|v| v.wrapping_neg()).collect()),
+            ("all zero", vec![0; k]),
+        ] {
             if f == W4A8 {
                 let m = Int4Matrix::from_codes(rows, k, &codes, &scales);
                 let rm = o.upload_int4(&m).unwrap();
-                check_matvec(&mut o, &m, &rm, &xv, &vec![0; rows], &[0..rows], false, name);
-                check_matvec(&mut o, &m, &rm, &xv, &y_sat, &[0..32, 32..rows], true, &format!("{name}, accumulate into near-saturated y"));
+                check_matvec(
+                    &mut o,
+                    &m,
+                    &rm,
+                    &xv,
+                    &vec![0; rows],
+                    &[0..rows],
+                    false,
+                    name,
+                );
+                check_matvec(
+                    &mut o,
+                    &m,
+                    &rm,
+                    &xv,
+                    &y_sat,
+                    &[0..32, 32..rows],
+                    true,
+                    &format!("{name}, accumulate into near-saturated y"),
+                );
             } else {
                 let m = Int8Matrix::from_codes(rows, k, &codes, &scales);
                 let rm = o.upload_int8(&m).unwrap();
-                check_matvec(&mut o, &m, &rm, &xv, &vec![0; rows], &[0..rows], false, name);
-                check_matvec(&mut o, &m, &rm, &xv, &y_sat, &[0..36, 36..rows], true, &format!("{name}, accumulate into near-saturated y"));
+                check_matvec(
+                    &mut o,
+                    &m,
+                    &rm,
+                    &xv,
+                    &vec![0; rows],
+                    &[0..rows],
+                    false,
+                    name,
+                );
+                check_matvec(
+                    &mut o,
+                    &m,
+                    &rm,
+                    &xv,
+                    &y_sat,
+                    &[0..36, 36..rows],
+                    true,
+                    &format!("{name}, accumulate into near-saturated y"),
+                );
             }
         }
     }
-    // The largest D a 16-bit lane must hold: every code -8 times every activation code -127,
-    // 32 * 8 * 127 = 32512 per group. x = -253 gives sx = 253 / 127 + 1 = 2 and codes -127; with
-    // scale 1 << 24 (1.0) y = D * sx in Q16 exactly.
-    let m = Int4Matrix::from_codes(8, 32, &[-8; 256], &[1 << 24; 8]);
-    let rm = o.upload_int4(&m).unwrap();
-    let x = vec![-253; 32];
-    let xq = swar::quantize_x8(&x);
-    assert_eq!((xq.q[0], xq.blocks[0].scale), (-127, 2), "x = -253 quantises to -127 with sx = 2");
-    let mut want = vec![0; 8];
-    swar::matvec_quantized(&m, &xq, 0..8, false, &mut want);
-    assert_eq!(want, vec![32 * 8 * 127 * 2; 8], "twin: 32 x (-8) x (-127) x sx 2");
-    check_matvec(&mut o, &m, &rm, &x, &[0; 8], &[0..8], false, "largest lane sum");
+    // The largest D a lane must hold: every code at -bias times every activation code at -QMAX:
+    // W4 32 * 8 * 127 = 32512 (< 2^15), W8 32 * 128 * 32767 (< 2^31). x = -(2 QMAX - 1) gives
+    // sx = 2 and codes -QMAX; with scale 1 << 24 (1.0), y = D * sx in Q16 exactly.
+    for f in [W4A8, W8A16] {
+        let x = vec![-(2 * f.act_max as i32 - 1); 32];
+        let xq = twin_quantize(&x, f);
+        assert_eq!(
+            (xq.q[0], xq.blocks[0].scale),
+            (-f.act_max, 2),
+            "{}: x = {} quantises to -QMAX with sx = 2",
+            f.name,
+            x[0]
+        );
+        let rows = f.rows_per_block;
+        let codes = vec![-f.bias as i8; rows * 32];
+        let want_y = vec![32 * f.bias * f.act_max as i32 * 2; rows];
+        let mut want = vec![0; rows];
+        if f == W4A8 {
+            let m = Int4Matrix::from_codes(rows, 32, &codes, &vec![1 << 24; rows]);
+            swar::matvec_quantized(&m, &xq, 0..rows, &mut want);
+            let rm = o.upload_int4(&m).unwrap();
+            check_matvec(
+                &mut o,
+                &m,
+                &rm,
+                &x,
+                &want,
+                &[0..rows],
+                false,
+                "largest lane sum",
+            );
+        } else {
+            let m = Int8Matrix::from_codes(rows, 32, &codes, &vec![1 << 24; rows]);
+            swar::matvec_quantized(&m, &xq, 0..rows, &mut want);
+            let rm = o.upload_int8(&m).unwrap();
+            check_matvec(
+                &mut o,
+                &m,
+                &rm,
+                &x,
+                &want,
+                &[0..rows],
+                false,
+                "largest lane sum",
+            );
+        }
+        assert_eq!(
+            want, want_y,
+            "{}: twin: 32 x (-bias) x (-QMAX) x sx 2",
+            f.name
+        );
+    }
 }
 
 #[test]
@@ -280,7 +475,12 @@ fn swar_lm_heads_match_twins_with_ties_first() {
             )
         };
         assert_eq!(get(&o, ry, rows), want, "{}: logits, BPF vs twin", f.name);
-        assert_eq!((a, b, c), (wa, wb, wc), "{}: argmax per row range and over all rows, BPF vs twin", f.name);
+        assert_eq!(
+            (a, b, c),
+            (wa, wb, wc),
+            "{}: argmax per row range and over all rows, BPF vs twin",
+            f.name
+        );
     }
     // ties: identical rows 3, 9 and 12 hold the largest logit; the first (3) wins, also across
     // row blocks and in a range that starts after it
@@ -294,14 +494,28 @@ fn swar_lm_heads_match_twins_with_ties_first() {
         let xq = bpf_quantize(&mut o, &x, f);
         let scales = vec![1 << 24; rows * 2];
         let (best, range_best) = if f == W4A8 {
-            let rm = o.upload_int4(&Int4Matrix::from_codes(rows, k, &codes, &scales)).unwrap();
-            (o.w4a8_lm_head_argmax(&rm, &xq, None, 0..rows).unwrap(), o.w4a8_lm_head_argmax(&rm, &xq, None, 8..rows).unwrap())
+            let rm = o
+                .upload_int4(&Int4Matrix::from_codes(rows, k, &codes, &scales))
+                .unwrap();
+            (
+                o.w4a8_lm_head_argmax(&rm, &xq, None, 0..rows).unwrap(),
+                o.w4a8_lm_head_argmax(&rm, &xq, None, 8..rows).unwrap(),
+            )
         } else {
-            let rm = o.upload_int8(&Int8Matrix::from_codes(rows, k, &codes, &scales)).unwrap();
-            (o.w8a16_lm_head_argmax(&rm, &xq, None, 0..rows).unwrap(), o.w8a16_lm_head_argmax(&rm, &xq, None, 4..rows).unwrap())
+            let rm = o
+                .upload_int8(&Int8Matrix::from_codes(rows, k, &codes, &scales))
+                .unwrap();
+            (
+                o.w8a16_lm_head_argmax(&rm, &xq, None, 0..rows).unwrap(),
+                o.w8a16_lm_head_argmax(&rm, &xq, None, 4..rows).unwrap(),
+            )
         };
         assert_eq!(best.0, 3, "{}: argmax tie goes to the first row", f.name);
-        assert_eq!(range_best.0, 9, "{}: argmax tie in a later row range goes to its first row", f.name);
+        assert_eq!(
+            range_best.0, 9,
+            "{}: argmax tie in a later row range goes to its first row",
+            f.name
+        );
         assert_eq!(best.1, range_best.1, "{}: tied logits are equal", f.name);
     }
     // all-negative logits: the best is still found (the initial best is below -ACT_MAX):
@@ -309,7 +523,11 @@ fn swar_lm_heads_match_twins_with_ties_first() {
     let m = Int4Matrix::from_codes(8, 32, &[-8; 256], &[1 << 24; 8]);
     let rm = o.upload_int4(&m).unwrap();
     let xq = bpf_quantize(&mut o, &[1000 << 16; 32], W4A8);
-    assert_eq!(o.w4a8_lm_head_argmax(&rm, &xq, None, 0..8).unwrap(), (0, -(ACT_MAX as i32)), "saturated negative logits: row 0, -ACT_MAX");
+    assert_eq!(
+        o.w4a8_lm_head_argmax(&rm, &xq, None, 0..8).unwrap(),
+        (0, -(ACT_MAX as i32)),
+        "saturated negative logits: row 0, -ACT_MAX"
+    );
 }
 
 #[test]
@@ -326,24 +544,62 @@ fn quantize_dequantize_error_is_at_most_half_a_step() {
     let m4 = swar::quantize_int4(&w, rows, k).unwrap();
     let m8 = swar::quantize_int8(&w, rows, k).unwrap();
     for (name, d, scale, cmax) in [
-        ("int4", m4.dequantize(), (0..rows * k).map(|i| m4.scale(i / k, i % k / GROUP)).collect::<Vec<_>>(), 7),
-        ("int8", m8.dequantize(), (0..rows * k).map(|i| m8.scale(i / k, i % k / GROUP)).collect::<Vec<_>>(), 127),
+        (
+            "int4",
+            m4.dequantize(),
+            (0..rows * k)
+                .map(|i| m4.scale(i / k, i % k / GROUP))
+                .collect::<Vec<_>>(),
+            7,
+        ),
+        (
+            "int8",
+            m8.dequantize(),
+            (0..rows * k)
+                .map(|i| m8.scale(i / k, i % k / GROUP))
+                .collect::<Vec<_>>(),
+            127,
+        ),
     ] {
         for i in 0..rows * k {
             let step = scale[i] as f64 / one;
             let err = (w[i] as f64 - d[i]).abs();
-            assert!(err <= step / 2.0 * (1.0 + 1e-12), "{name}: weight {i} = {} dequantises to {} (error {err}, step {step})", w[i], d[i]);
+            assert!(
+                err <= step / 2.0 * (1.0 + 1e-12),
+                "{name}: weight {i} = {} dequantises to {} (error {err}, step {step})",
+                w[i],
+                d[i]
+            );
         }
-        assert_eq!(&d[k..k + 32], &[0.0; 32], "{name}: an all-zero group dequantises to zeros");
+        assert_eq!(
+            &d[k..k + 32],
+            &[0.0; 32],
+            "{name}: an all-zero group dequantises to zeros"
+        );
         // the step is the group maximum / code_max, rounded up by less than one Q24 unit
         let (r, g) = (2, 0);
-        let a = w[r * k..r * k + 32].iter().map(|v| v.abs() as f64).fold(0.0, f64::max);
+        let a = w[r * k..r * k + 32]
+            .iter()
+            .map(|v| v.abs() as f64)
+            .fold(0.0, f64::max);
         let step = scale[r * k + g * 32] as f64 / one;
-        assert!(step >= a / cmax as f64 && step < a / cmax as f64 + 1.0 / one, "{name}: step {step} for a group maximum {a}");
+        assert!(
+            step >= a / cmax as f64 && step < a / cmax as f64 + 1.0 / one,
+            "{name}: step {step} for a group maximum {a}"
+        );
     }
-    assert!(swar::quantize_int4(&[f32::NAN; 256], 8, 32).is_err(), "NaN weights are an error");
-    assert!(swar::quantize_int4(&[2000.0; 256], 8, 32).is_err(), "INT4 weights >= 1792 are an error");
-    assert!(swar::quantize_int8(&[2000.0; 128], 4, 32).is_ok(), "INT8 holds 2000");
+    assert!(
+        swar::quantize_int4(&[f32::NAN; 256], 8, 32).is_err(),
+        "NaN weights are an error"
+    );
+    assert!(
+        swar::quantize_int4(&[2000.0; 256], 8, 32).is_err(),
+        "INT4 weights >= 1792 are an error"
+    );
+    assert!(
+        swar::quantize_int8(&[2000.0; 128], 4, 32).is_ok(),
+        "INT8 holds 2000"
+    );
 }
 
 /// Accuracy of the twins (hence of the kernels) against f64 products of the ORIGINAL f32 weights
@@ -365,12 +621,14 @@ fn swar_twins_are_accurate_against_f32_weights_and_activations() {
     let w = rng.weights(rows * k, 0.02);
     let xf = rng.activations(k);
     let x = q16(&xf);
-    let exact: Vec<f64> = (0..rows).map(|r| (0..k).map(|j| w[r * k + j] as f64 * xf[j] as f64).sum()).collect();
+    let exact: Vec<f64> = (0..rows)
+        .map(|r| (0..k).map(|j| w[r * k + j] as f64 * xf[j] as f64).sum())
+        .collect();
     let m4 = swar::quantize_int4(&w, rows, k).unwrap();
     let m8 = swar::quantize_int8(&w, rows, k).unwrap();
     let (mut y4, mut y8) = (vec![0; rows], vec![0; rows]);
-    swar::w4a8_matvec(&m4, &x, 0..rows, false, &mut y4);
-    swar::w8a16_matvec(&m8, &x, 0..rows, false, &mut y8);
+    swar::w4a8_matvec(&m4, &x, 0..rows, &mut y4);
+    swar::w8a16_matvec(&m8, &x, 0..rows, &mut y8);
     let rel4 = check_accuracy(&m4, &swar::quantize_x8(&x), &y4, &w, &xf, &exact);
     let rel8 = check_accuracy(&m8, &swar::quantize_x16(&x), &y8, &w, &xf, &exact);
     println!("relative RMS error vs f32 weights and activations ({rows}x{k}): w4a8 {rel4:.4}, w8a16 {rel8:.4}");
@@ -380,7 +638,14 @@ fn swar_twins_are_accurate_against_f32_weights_and_activations() {
 
 /// Checks every output of `y` (twin of `m` times `xq`) against the rigorous bound around `exact`
 /// (the f64 products of the original `w` and `xf`); returns the relative RMS error.
-fn check_accuracy<M: PackedMatrix>(m: &M, xq: &QuantX, y: &[i32], w: &[f32], xf: &[f32], exact: &[f64]) -> f64 {
+fn check_accuracy<M: PackedMatrix>(
+    m: &M,
+    xq: &QuantX,
+    y: &[i32],
+    w: &[f32],
+    xf: &[f32],
+    exact: &[f64],
+) -> f64 {
     let (rows, k) = (m.rows(), m.cols());
     let one = (1u64 << swar::SCALE_SHIFT) as f64;
     let mut sq = 0.0;
@@ -416,13 +681,35 @@ fn swar_ops_refuse_mismatched_arguments() {
     let x16 = o.alloc_quant_x(64, W8A16).unwrap();
     let x8_32 = o.alloc_quant_x(32, W4A8).unwrap();
     let y = o.arena.alloc(16 * 4, "y").unwrap();
-    assert!(o.w4a8_matvec(&r4, &x16, y, 0..16, false).is_err(), "W4A8 with activations quantised for W8A16");
-    assert!(o.w8a16_matvec(&r4, &x16, y, 0..16, false).is_err(), "W8A16 program with a W4 matrix");
-    assert!(o.w4a8_matvec(&r4, &x8_32, y, 0..16, false).is_err(), "x of 32 columns for a 64-column matrix");
-    assert!(o.w4a8_matvec(&r4, &x8, y, 4..16, false).is_err(), "W4A8 rows not whole blocks of 8");
-    assert!(o.w4a8_matvec(&r4, &x8, y, 0..24, false).is_err(), "rows beyond the matrix");
-    assert!(o.w4a8_matvec(&r4, &x8, Region { len: 8, ..y }, 0..16, false).is_err(), "y too short");
-    assert!(o.w8a16_matvec(&r8, &x16, y, 4..16, false).is_ok(), "W8A16 rows in blocks of 4");
+    assert!(
+        o.w4a8_matvec(&r4, &x16, y, 0..16, false).is_err(),
+        "W4A8 with activations quantised for W8A16"
+    );
+    assert!(
+        o.w8a16_matvec(&r4, &x16, y, 0..16, false).is_err(),
+        "W8A16 program with a W4 matrix"
+    );
+    assert!(
+        o.w4a8_matvec(&r4, &x8_32, y, 0..16, false).is_err(),
+        "x of 32 columns for a 64-column matrix"
+    );
+    assert!(
+        o.w4a8_matvec(&r4, &x8, y, 4..16, false).is_err(),
+        "W4A8 rows not whole blocks of 8"
+    );
+    assert!(
+        o.w4a8_matvec(&r4, &x8, y, 0..24, false).is_err(),
+        "rows beyond the matrix"
+    );
+    assert!(
+        o.w4a8_matvec(&r4, &x8, Region { len: 8, ..y }, 0..16, false)
+            .is_err(),
+        "y too short"
+    );
+    assert!(
+        o.w8a16_matvec(&r8, &x16, y, 4..16, false).is_ok(),
+        "W8A16 rows in blocks of 4"
+    );
     assert!(o.alloc_quant_x(48, W4A8).is_err(), "k not a multiple of 32");
 }
 
@@ -441,25 +728,52 @@ fn gmacs() {
         let x = q16(&rng.activations(k));
         let (rw, rx) = (put(&mut o, &wq24), put(&mut o, &x));
         let ry = o.arena.alloc(rows * 4, "y").unwrap();
-        let m4 = o.upload_int4(&swar::quantize_int4(&wf, rows, k).unwrap()).unwrap();
-        let m8 = o.upload_int8(&swar::quantize_int8(&wf, rows, k).unwrap()).unwrap();
-        let (x8, x16) = (o.alloc_quant_x(k, W4A8).unwrap(), o.alloc_quant_x(k, W8A16).unwrap());
+        let m4 = o
+            .upload_int4(&swar::quantize_int4(&wf, rows, k).unwrap())
+            .unwrap();
+        let m8 = o
+            .upload_int8(&swar::quantize_int8(&wf, rows, k).unwrap())
+            .unwrap();
+        let (x8, x16) = (
+            o.alloc_quant_x(k, W4A8).unwrap(),
+            o.alloc_quant_x(k, W8A16).unwrap(),
+        );
         o.quantize_x(rx, &x8).unwrap();
         o.quantize_x(rx, &x16).unwrap();
         type Run<'a> = Box<dyn Fn(&mut Ops) + 'a>;
         let kernels: Vec<(&str, Run)> = vec![
-            ("plain Q24 matvec", Box::new(|o: &mut Ops| o.matvec(rw, rx, ry, k, 0..rows, false).unwrap())),
-            ("w4a8_matvec", Box::new(|o: &mut Ops| o.w4a8_matvec(&m4, &x8, ry, 0..rows, false).unwrap())),
-            ("w8a16_matvec", Box::new(|o: &mut Ops| o.w8a16_matvec(&m8, &x16, ry, 0..rows, false).unwrap())),
-            ("quantize_x8 + w4a8", Box::new(|o: &mut Ops| {
-                o.quantize_x(rx, &x8).unwrap();
-                o.w4a8_matvec(&m4, &x8, ry, 0..rows, false).unwrap()
-            })),
-            ("quantize_x16 + w8a16", Box::new(|o: &mut Ops| {
-                o.quantize_x(rx, &x16).unwrap();
-                o.w8a16_matvec(&m8, &x16, ry, 0..rows, false).unwrap()
-            })),
-            ("w4a8_lm_head_argmax", Box::new(|o: &mut Ops| drop(o.w4a8_lm_head_argmax(&m4, &x8, None, 0..rows).unwrap()))),
+            (
+                "plain Q24 matvec",
+                Box::new(|o: &mut Ops| o.matvec(rw, rx, ry, k, 0..rows, false).unwrap()),
+            ),
+            (
+                "w4a8_matvec",
+                Box::new(|o: &mut Ops| o.w4a8_matvec(&m4, &x8, ry, 0..rows, false).unwrap()),
+            ),
+            (
+                "w8a16_matvec",
+                Box::new(|o: &mut Ops| o.w8a16_matvec(&m8, &x16, ry, 0..rows, false).unwrap()),
+            ),
+            (
+                "quantize_x8 + w4a8",
+                Box::new(|o: &mut Ops| {
+                    o.quantize_x(rx, &x8).unwrap();
+                    o.w4a8_matvec(&m4, &x8, ry, 0..rows, false).unwrap()
+                }),
+            ),
+            (
+                "quantize_x16 + w8a16",
+                Box::new(|o: &mut Ops| {
+                    o.quantize_x(rx, &x16).unwrap();
+                    o.w8a16_matvec(&m8, &x16, ry, 0..rows, false).unwrap()
+                }),
+            ),
+            (
+                "w4a8_lm_head_argmax",
+                Box::new(|o: &mut Ops| {
+                    o.w4a8_lm_head_argmax(&m4, &x8, None, 0..rows).unwrap();
+                }),
+            ),
         ];
         let mut best = vec![f64::MAX; kernels.len()];
         for _ in 0..rounds {
@@ -474,7 +788,12 @@ fn gmacs() {
         }
         let gmacs: Vec<f64> = best.iter().map(|s| (rows * k) as f64 / s / 1e9).collect();
         for (i, (name, _)) in kernels.iter().enumerate() {
-            println!("{name:>22} {rows:>5}x{k:<5} {:9.1} us  {:6.2} GMAC/s  {:5.2}x plain", best[i] * 1e6, gmacs[i], gmacs[i] / gmacs[0]);
+            println!(
+                "{name:>22} {rows:>5}x{k:<5} {:9.1} us  {:6.2} GMAC/s  {:5.2}x plain",
+                best[i] * 1e6,
+                gmacs[i],
+                gmacs[i] / gmacs[0]
+            );
         }
     }
 }
@@ -486,14 +805,25 @@ fn twin_of_unquantised_wrapper_equals_quantised_path() {
     let (rows, k) = (32, 128);
     let w = rng.weights(rows * k, 0.1);
     let x = q16(&rng.activations(k));
-    let (m4, m8) = (swar::quantize_int4(&w, rows, k).unwrap(), swar::quantize_int8(&w, rows, k).unwrap());
+    let (m4, m8) = (
+        swar::quantize_int4(&w, rows, k).unwrap(),
+        swar::quantize_int8(&w, rows, k).unwrap(),
+    );
     let (mut a, mut b) = (vec![0; rows], vec![0; rows]);
-    swar::w4a8_matvec(&m4, &x, 0..rows, false, &mut a);
-    swar::matvec_quantized(&m4, &swar::quantize_x8(&x), 0..rows, false, &mut b);
+    swar::w4a8_matvec(&m4, &x, 0..rows, &mut a);
+    swar::matvec_quantized(&m4, &swar::quantize_x8(&x), 0..rows, &mut b);
     assert_eq!(a, b, "w4a8_matvec vs quantize_x8 + matvec_quantized");
-    swar::w8a16_matvec(&m8, &x, 0..rows, false, &mut a);
-    swar::matvec_quantized(&m8, &swar::quantize_x16(&x), 0..rows, false, &mut b);
+    swar::w8a16_matvec(&m8, &x, 0..rows, &mut a);
+    swar::matvec_quantized(&m8, &swar::quantize_x16(&x), 0..rows, &mut b);
     assert_eq!(a, b, "w8a16_matvec vs quantize_x16 + matvec_quantized");
-    assert_eq!(swar::w4a8_lm_head_argmax(&m4, &x, 0..rows, None), swar::lm_head_argmax_quantized(&m4, &swar::quantize_x8(&x), 0..rows, None), "w4a8 LM head");
-    assert_eq!(swar::w8a16_lm_head_argmax(&m8, &x, 0..rows, None), swar::lm_head_argmax_quantized(&m8, &swar::quantize_x16(&x), 0..rows, None), "w8a16 LM head");
+    assert_eq!(
+        swar::w4a8_lm_head_argmax(&m4, &x, 0..rows, None),
+        swar::lm_head_argmax_quantized(&m4, &swar::quantize_x8(&x), 0..rows, None),
+        "w4a8 LM head"
+    );
+    assert_eq!(
+        swar::w8a16_lm_head_argmax(&m8, &x, 0..rows, None),
+        swar::lm_head_argmax_quantized(&m8, &swar::quantize_x16(&x), 0..rows, None),
+        "w8a16 LM head"
+    );
 }

@@ -75,9 +75,10 @@ struct quantize_x_args {
 	u32 pad;
 };
 
-/* One block of 32: sx = max|x| / qmax + 1, so |x| / sx < qmax; xq = round(|x| / sx) with its
- * sign: floor((|x| + floor(sx/2)) / sx) rounds half up for even sx and never meets a half for
- * odd sx. |x| <= 2^31 and sx < 2^25 keep the dividend in u32. */
+/* One block of 32: sx = max|x| / qmax + 1 > max|x| / qmax, so |x| / sx < qmax and the rounded
+ * code is at most qmax. xq = round(|x| / sx) with x's sign, as floor((|x| + floor(sx/2)) / sx):
+ * half up for even sx, and odd sx never meets a half. |x| <= 2^31 and sx < 2^25 keep the
+ * dividend in u32. */
 __noinline int quantize_block(u64 xa, u64 qa, u64 ba, u32 qmax)
 {
 	const s32 __arena *x = ARENA_PTR(const s32, xa);
@@ -143,7 +144,8 @@ struct swar_mv_args {
 	u64 y;       /* s32 Q16 [rows] out; LM head: logits, or 0 to skip writing them */
 	u32 k;       /* columns: a multiple of 32, <= 16384 */
 	u32 row0, nrows; /* multiples of 8 (W4) or 4 (W8) */
-	u32 accumulate;  /* matvec: 1 = y += W x (saturating), 0 = y = W x */
+	u32 accumulate;  /* matvec: 1 = y (the s64 Q32 residual stream) += W x, saturating;
+			  * 0 = y (s32 Q16) = W x */
 	u32 best;    /* LM head out: argmax row (first on ties) */
 	u32 pad;
 	s64 best_val; /* LM head out: its logit, Q16 */
@@ -164,23 +166,31 @@ static __always_inline u64 lane32(u64 q, int l)
 	return (q & 0xffffffffULL) - 0x80000000ULL;
 }
 
-/* The end of a row block: y = sat(round(acc / 2^24)) (+ y), written unless ya == 0; returns the
- * block's best row packed as logit * 8 + 7 - l, so that the larger packed value is the larger
- * logit and, on ties, the lower row. */
+/* The end of a row block: y = sat(round(acc / 2^24)) in Q16, written unless ya == 0, or in
+ * accumulate mode y += round(acc / 2^8) into the s64 Q32 residual stream; returns the block's
+ * best row packed as logit * 8 + 7 - l, so that the larger packed value is the larger logit and,
+ * on ties, the lower row. */
 static __always_inline s64 finish_row(u64 acc, u64 ya, int l, u32 mode)
 {
-	s32 __arena *y = ARENA_PTR(s32, ya) + l;
 	s64 d = rshr((s64)acc, SW_SCALE_SHIFT);
-	s32 v = sat32(mode == SW_MODE_ACCUMULATE ? d + *y : d);
+	s32 v = sat32(d);
 
-	if (ya)
-		*y = v;
+	if (mode == SW_MODE_ACCUMULATE) {
+		s64 __arena *y = ARENA_PTR(s64, ya) + l;
+
+		*y = sat_res(*y + rshr((s64)acc, SW_SCALE_SHIFT - (Q_RES - Q_ACT)));
+	} else if (ya) {
+		*(ARENA_PTR(s32, ya) + l) = v;
+	}
 	return (s64)v * 8 + (7 - l);
 }
 
 /* Eight rows of W4 times quantised x: wa = their [k/4][2] words, sa = their [k/32][8] scales,
  * xqa = the quantised activations, ya = &y[first row] or 0, k_mode = k | mode << 32 (BPF
- * functions take at most five arguments). A global function: the verifier checks it once. */
+ * functions take at most five arguments). A global function: the verifier checks it once, but
+ * walks its group loop once per possible iteration (SW_KMAX / 32 = 512: ~250k instructions
+ * processed, a fraction of a second at load). An open-coded iterator would verify in a few
+ * passes but costs a kfunc call per group in the hot loop. */
 __noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 {
 	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
@@ -214,6 +224,7 @@ __noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 		sx = (u64)b->scale;
 		a0 += kx;
 		a1 += kx;
+		/* acc += D * s * sx, in u64 (wrapping exactly like the twin) */
 #pragma unroll
 		for (int l = 0; l < 4; l++) {
 			acc[l] += lane16(a0, l) * s[l] * sx;
@@ -263,6 +274,7 @@ __noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 		sx = (u64)b->scale;
 		a0 += kx;
 		a1 += kx;
+		/* acc += D * s * sx, in u64 (wrapping exactly like the twin) */
 #pragma unroll
 		for (int l = 0; l < 2; l++) {
 			acc[l] += lane32(a0, l) * s[l] * sx;
@@ -280,6 +292,7 @@ __noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 struct swar_ctx {
 	u64 w, s, xq, y;
 	u64 wstride, sstride; /* bytes of words and of scales per row block */
+	u64 ysize;            /* bytes per y element: 8 for the residual stream, else 4 */
 	u32 k, block0, mode, best;
 	s64 best_val;
 };
@@ -299,7 +312,7 @@ static long w4a8_block(u64 i, struct swar_ctx *c)
 {
 	u64 blk = c->block0 + i;
 	s64 p = w4a8_rows8(c->w + blk * c->wstride, c->s + blk * c->sstride, c->xq,
-			   c->y ? c->y + blk * 8 * 4 : 0, c->k | (u64)c->mode << 32);
+			   c->y ? c->y + blk * 8 * c->ysize : 0, c->k | (u64)c->mode << 32);
 
 	if (c->mode == SW_MODE_ARGMAX)
 		keep_best(c, p, 8, blk);
@@ -310,7 +323,7 @@ static long w8a16_block(u64 i, struct swar_ctx *c)
 {
 	u64 blk = c->block0 + i;
 	s64 p = w8a16_rows4(c->w + blk * c->wstride, c->s + blk * c->sstride, c->xq,
-			    c->y ? c->y + blk * 4 * 4 : 0, c->k | (u64)c->mode << 32);
+			    c->y ? c->y + blk * 4 * c->ysize : 0, c->k | (u64)c->mode << 32);
 
 	if (c->mode == SW_MODE_ARGMAX)
 		keep_best(c, p, 4, blk);
@@ -318,8 +331,8 @@ static long w8a16_block(u64 i, struct swar_ctx *c)
 }
 
 /* Checks the arguments and runs the row blocks of [row0, row0 + nrows); rpb = rows per block
- * (8 for W4, 4 for W8), wpb = weight bytes per row and column (W4: 1/2, W8: 1, as rpb * k / 2
- * or rpb * k), argmax selects the LM-head mode. */
+ * (8 for W4, 4 for W8), w8 selects the W8 kernel (a byte of words per weight, W4 half a byte),
+ * argmax the LM-head mode. */
 static __always_inline int swar_run(struct swar_mv_args *a, u32 rpb, int w8, int argmax)
 {
 	u32 k = a->k, row0 = a->row0, nrows = a->nrows;
@@ -328,6 +341,7 @@ static __always_inline int swar_run(struct swar_mv_args *a, u32 rpb, int w8, int
 		.wstride = (u64)rpb * k / (w8 ? 1 : 2), .sstride = (u64)rpb * (k / SW_GROUP) * 4,
 		.k = k, .block0 = row0 / rpb, .best = row0, .best_val = -ACT_MAX - 1,
 		.mode = argmax ? SW_MODE_ARGMAX : (a->accumulate ? SW_MODE_ACCUMULATE : SW_MODE_STORE),
+		.ysize = !argmax && a->accumulate ? 8 : 4,
 	};
 	long ret;
 

@@ -79,14 +79,12 @@ pub fn probe_results() -> ProbeResults {
     ProbeResults { arena, syscall_prog, bpf_loop, cap_eff }
 }
 
-/// Turns probe answers into the crate's verdict: `Ok` when all three features answered 1;
-/// otherwise [`Error::Privileges`] naming the missing capabilities when the process lacks CAP_BPF
-/// or CAP_PERFMON (CAP_SYS_ADMIN implies both) or a probe was refused (EPERM/EACCES), and else
-/// [`Error::KernelFeature`] naming the first missing feature.
+/// Turns probe answers into the crate's verdict: [`Error::Privileges`] naming the missing
+/// capabilities when the process lacks CAP_BPF or CAP_PERFMON (CAP_SYS_ADMIN implies both; both
+/// are needed: without CAP_PERFMON the programs are refused at load even though libbpf's probes
+/// pass), `Ok` when all three features answered 1, [`Error::Privileges`] when a probe was refused
+/// (EPERM/EACCES), and else [`Error::KernelFeature`] naming the first missing feature.
 pub fn classify(p: &ProbeResults) -> Result<()> {
-    if p.arena == 1 && p.syscall_prog == 1 && p.bpf_loop == 1 {
-        return Ok(());
-    }
     let what = "probing BPF features";
     if let Some(caps) = p.cap_eff {
         let has = |c: u32| caps & (1 << c) != 0 || caps & (1 << CAP_SYS_ADMIN) != 0;
@@ -99,6 +97,9 @@ pub fn classify(p: &ProbeResults) -> Result<()> {
         if let Some(capability) = capability {
             return Err(Error::Privileges { what: what.into(), capability });
         }
+    }
+    if p.arena == 1 && p.syscall_prog == 1 && p.bpf_loop == 1 {
+        return Ok(());
     }
     for r in [p.arena, p.syscall_prog, p.bpf_loop] {
         if r == -libc::EPERM || r == -libc::EACCES {

@@ -5,11 +5,19 @@
 
 use super::arena::Region;
 use super::ops::{Ops, Rows};
-use crate::swar::{Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, K_MAX, W4A8, W8A16};
+use crate::swar::{
+    Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, K_MAX, W4A8, W8A16,
+};
 use crate::{Error, Result};
 
 mod skel {
-    #![allow(missing_docs, clippy::all, non_camel_case_types, dead_code, unused_imports)]
+    #![allow(
+        missing_docs,
+        clippy::all,
+        non_camel_case_types,
+        dead_code,
+        unused_imports
+    )]
     include!(concat!(env!("OUT_DIR"), "/ops.skel.rs"));
 }
 use skel::types::{quantize_x_args, swar_mv_args};
@@ -48,11 +56,25 @@ fn invalid(msg: String) -> Error {
 impl Ops {
     fn upload_packed<M: PackedMatrix>(&mut self, m: &M) -> Result<PackedRegions> {
         let f = M::FORMAT;
-        let words = self.arena.alloc(m.words().len() * 8, &format!("{} weight words", f.name))?;
-        self.arena.slice_mut::<u64>(words).copy_from_slice(m.words());
-        let scales = self.arena.alloc(m.scales().len() * 4, &format!("{} weight scales", f.name))?;
-        self.arena.slice_mut::<u32>(scales).copy_from_slice(m.scales());
-        Ok(PackedRegions { format: f, words, scales, rows: m.rows(), cols: m.cols() })
+        let words = self
+            .arena
+            .alloc(m.words().len() * 8, &format!("{} weight words", f.name))?;
+        self.arena
+            .slice_mut::<u64>(words)
+            .copy_from_slice(m.words());
+        let scales = self
+            .arena
+            .alloc(m.scales().len() * 4, &format!("{} weight scales", f.name))?;
+        self.arena
+            .slice_mut::<u32>(scales)
+            .copy_from_slice(m.scales());
+        Ok(PackedRegions {
+            format: f,
+            words,
+            scales,
+            rows: m.rows(),
+            cols: m.cols(),
+        })
     }
 
     /// Copies a 4-bit matrix into newly allocated arena regions.
@@ -68,9 +90,14 @@ impl Ops {
     /// Allocates a quantised-activation buffer of `k` columns for the kernels of `format`.
     pub fn alloc_quant_x(&mut self, k: usize, format: Format) -> Result<QuantXRegion> {
         if k == 0 || k % GROUP != 0 || k > K_MAX {
-            return Err(invalid(format!("quantised x of {k} columns: need a multiple of {GROUP} in {GROUP}..={K_MAX}")));
+            return Err(invalid(format!(
+                "quantised x of {k} columns: need a multiple of {GROUP} in {GROUP}..={K_MAX}"
+            )));
         }
-        let region = self.arena.alloc(QuantX::bytes(k), &format!("{} quantised activations", format.name))?;
+        let region = self.arena.alloc(
+            QuantX::bytes(k),
+            &format!("{} quantised activations", format.name),
+        )?;
         Ok(QuantXRegion { region, k, format })
     }
 
@@ -78,29 +105,64 @@ impl Ops {
     /// `quantize_x16` for W8A16 (twins [`crate::swar::quantize_x8`], [`crate::swar::quantize_x16`]).
     pub fn quantize_x(&mut self, x: Region, xq: &QuantXRegion) -> Result<()> {
         if x.len < xq.k * 4 || xq.region.len < QuantX::bytes(xq.k) {
-            return Err(invalid(format!("quantize_x: x of {} bytes or xq of {} for k = {}", x.len, xq.region.len, xq.k)));
+            return Err(invalid(format!(
+                "quantize_x: x of {} bytes or xq of {} for k = {}",
+                x.len, xq.region.len, xq.k
+            )));
         }
-        let mut a = quantize_x_args { x: self.addr_of(x), xq: self.addr_of(xq.region), k: xq.k as u32, pad: 0 };
-        let prog = if xq.format == W4A8 { "quantize_x8" } else { "quantize_x16" };
+        let mut a = quantize_x_args {
+            x: self.addr_of(x),
+            xq: self.addr_of(xq.region),
+            k: xq.k as u32,
+            pad: 0,
+        };
+        let prog = if xq.format == W4A8 {
+            "quantize_x8"
+        } else {
+            "quantize_x16"
+        };
         self.run(prog, &mut a)
     }
 
     /// Checks shapes and builds the ctx of one SWAR matrix program.
-    fn swar_args(&self, f: Format, m: &PackedRegions, xq: &QuantXRegion, y: Option<Region>, rows: &Rows) -> Result<swar_mv_args> {
+    fn swar_args(
+        &self,
+        f: Format,
+        m: &PackedRegions,
+        xq: &QuantXRegion,
+        y: Option<Region>,
+        rows: &Rows,
+    ) -> Result<swar_mv_args> {
         let what = f.name;
         if m.format != f || xq.format != f {
-            return Err(invalid(format!("{what}: matrix in {} and activations for {}", m.format.name, xq.format.name)));
+            return Err(invalid(format!(
+                "{what}: matrix in {} and activations for {}",
+                m.format.name, xq.format.name
+            )));
         }
         if xq.k != m.cols {
-            return Err(invalid(format!("{what}: x has {} columns, the matrix {}", xq.k, m.cols)));
+            return Err(invalid(format!(
+                "{what}: x has {} columns, the matrix {}",
+                xq.k, m.cols
+            )));
         }
         let rpb = f.rows_per_block;
-        if rows.start % rpb != 0 || rows.end % rpb != 0 || rows.end > m.rows || rows.start > rows.end {
-            return Err(invalid(format!("{what}: rows {rows:?} must be whole blocks of {rpb} inside {} rows", m.rows)));
+        if rows.start % rpb != 0
+            || rows.end % rpb != 0
+            || rows.end > m.rows
+            || rows.start > rows.end
+        {
+            return Err(invalid(format!(
+                "{what}: rows {rows:?} must be whole blocks of {rpb} inside {} rows",
+                m.rows
+            )));
         }
         if let Some(y) = y {
             if y.len < rows.end * 4 {
-                return Err(invalid(format!("{what}: y of {} bytes for rows up to {}", y.len, rows.end)));
+                return Err(invalid(format!(
+                    "{what}: y of {} bytes for rows up to {}",
+                    y.len, rows.end
+                )));
             }
         }
         Ok(swar_mv_args {
@@ -115,38 +177,80 @@ impl Ops {
         })
     }
 
-    fn swar_matvec(&mut self, f: Format, m: &PackedRegions, xq: &QuantXRegion, y: Region, rows: Rows, accumulate: bool) -> Result<()> {
+    fn swar_matvec(
+        &mut self,
+        f: Format,
+        m: &PackedRegions,
+        xq: &QuantXRegion,
+        y: Region,
+        rows: Rows,
+        accumulate: bool,
+    ) -> Result<()> {
         let mut a = self.swar_args(f, m, xq, Some(y), &rows)?;
         a.accumulate = accumulate as u32;
         self.run(&format!("{}_matvec", f.name), &mut a)
     }
 
-    fn swar_lm_head(&mut self, f: Format, m: &PackedRegions, xq: &QuantXRegion, y: Option<Region>, rows: Rows) -> Result<(usize, i32)> {
+    fn swar_lm_head(
+        &mut self,
+        f: Format,
+        m: &PackedRegions,
+        xq: &QuantXRegion,
+        y: Option<Region>,
+        rows: Rows,
+    ) -> Result<(usize, i32)> {
         let mut a = self.swar_args(f, m, xq, y, &rows)?;
         self.run(&format!("{}_lm_head_argmax", f.name), &mut a)?;
         Ok((a.best as usize, a.best_val as i32))
     }
 
-    /// `y[r] (+)= W x` for r in `rows` (whole blocks of 8), W 4-bit, x from [`Ops::quantize_x`]
-    /// into a W4A8 buffer. Twin: [`crate::swar::matvec_quantized`].
-    pub fn w4a8_matvec(&mut self, m: &PackedRegions, xq: &QuantXRegion, y: Region, rows: Rows, accumulate: bool) -> Result<()> {
+    /// `y[r] = W x` (y i32 Q16) or, when `accumulate`, `y[r] += W x` (y the i64 Q32 residual
+    /// stream), for r in `rows` (whole blocks of 8), W 4-bit, x from [`Ops::quantize_x`] into a
+    /// W4A8 buffer. Twins: [`crate::swar::matvec_quantized`], [`crate::swar::matvec_quantized_residual`].
+    pub fn w4a8_matvec(
+        &mut self,
+        m: &PackedRegions,
+        xq: &QuantXRegion,
+        y: Region,
+        rows: Rows,
+        accumulate: bool,
+    ) -> Result<()> {
         self.swar_matvec(W4A8, m, xq, y, rows, accumulate)
     }
 
-    /// `y[r] (+)= W x` for r in `rows` (whole blocks of 4), W 8-bit, x from [`Ops::quantize_x`]
-    /// into a W8A16 buffer. Twin: [`crate::swar::matvec_quantized`].
-    pub fn w8a16_matvec(&mut self, m: &PackedRegions, xq: &QuantXRegion, y: Region, rows: Rows, accumulate: bool) -> Result<()> {
+    /// As [`Ops::w4a8_matvec`] for rows in whole blocks of 4, W 8-bit, x quantised into a W8A16
+    /// buffer.
+    pub fn w8a16_matvec(
+        &mut self,
+        m: &PackedRegions,
+        xq: &QuantXRegion,
+        y: Region,
+        rows: Rows,
+        accumulate: bool,
+    ) -> Result<()> {
         self.swar_matvec(W8A16, m, xq, y, rows, accumulate)
     }
 
     /// 4-bit logits of `rows` (into `y` when given) and their argmax (row, Q16 logit), first on
     /// ties. Twin: [`crate::swar::lm_head_argmax_quantized`].
-    pub fn w4a8_lm_head_argmax(&mut self, m: &PackedRegions, xq: &QuantXRegion, y: Option<Region>, rows: Rows) -> Result<(usize, i32)> {
+    pub fn w4a8_lm_head_argmax(
+        &mut self,
+        m: &PackedRegions,
+        xq: &QuantXRegion,
+        y: Option<Region>,
+        rows: Rows,
+    ) -> Result<(usize, i32)> {
         self.swar_lm_head(W4A8, m, xq, y, rows)
     }
 
     /// 8-bit logits of `rows` (into `y` when given) and their argmax, first on ties.
-    pub fn w8a16_lm_head_argmax(&mut self, m: &PackedRegions, xq: &QuantXRegion, y: Option<Region>, rows: Rows) -> Result<(usize, i32)> {
+    pub fn w8a16_lm_head_argmax(
+        &mut self,
+        m: &PackedRegions,
+        xq: &QuantXRegion,
+        y: Option<Region>,
+        rows: Rows,
+    ) -> Result<(usize, i32)> {
         self.swar_lm_head(W8A16, m, xq, y, rows)
     }
 }

@@ -7,11 +7,14 @@
 //! [12..16)      header length H (u32 LE)
 //! [16..16+H)    header JSON: { format, version, identity, config, tensors: [{name, q, offset, len}],
 //!               payload_bytes, checksum }
+//! [16+H ..)     zero padding
 //! [4096*k ..)   payload, starting at the first page boundary after the header
 //! ```
 //! A file is used only if its magic, version, format, checkpoint identity, config, length and
-//! payload checksum all match; anything else (truncated, bit-flipped, stale, another format) is
-//! reported by [`open`] as a reason, and the caller rebuilds it.
+//! checksum all match, its header is exactly as [`write`] serialises it and its padding is zero.
+//! The checksum covers the header (with the checksum field zeroed) and the payload, so a file is
+//! accepted only byte for byte as written: anything else (truncated, bit-flipped, stale, another
+//! format, an edited tensor table) is reported by [`open`] as a reason, and the caller rebuilds it.
 
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -23,8 +26,8 @@ use serde::{Deserialize, Serialize};
 use crate::{Config, Error, Result};
 
 const MAGIC: &[u8; 8] = b"QWENBPF\0";
-/// Bump when any payload layout changes.
-pub const VERSION: u32 = 1;
+/// Bump when any payload layout changes. (2: the checksum covers the header too.)
+pub const VERSION: u32 = 2;
 const MAX_HEADER: usize = 16 << 20;
 
 /// One tensor in a cache payload.
@@ -145,6 +148,9 @@ pub fn open(path: &Path, format: &str, identity: &str, config: &Config) -> Resul
         Ok(h) => h,
         Err(e) => return Ok(Err(format!("unreadable header: {e}"))),
     };
+    if serde_json::to_vec(&header).ok().as_deref() != Some(&hbuf[..]) {
+        return Ok(Err("header is not as written (edited or padded)".into()));
+    }
     if header.format != format || header.version != VERSION {
         return Ok(Err(format!("holds format {:?} v{}, wanted {format:?} v{VERSION}", header.format, header.version)));
     }
@@ -164,7 +170,10 @@ pub fn open(path: &Path, format: &str, identity: &str, config: &Config) -> Resul
     f.seek(SeekFrom::Start(0)).map_err(|e| Error::io(path, e))?;
     // SAFETY: read-only map; cache files are replaced by rename, never rewritten in place.
     let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(path, e))?;
-    let got = format!("{:016x}", checksum(&map[payload_at..]));
+    if map[16 + hlen..payload_at].iter().any(|&b| b != 0) {
+        return Ok(Err("non-zero bytes between header and payload".into()));
+    }
+    let got = format!("{:016x}", file_checksum(checksum(&map[payload_at..]), &header));
     if got != header.checksum {
         return Ok(Err(format!("checksum mismatch (file {got}, header {})", header.checksum)));
     }
@@ -217,7 +226,7 @@ pub fn write(
         if written != payload_bytes {
             return Err(Error::Invalid(format!("cache payload: wrote {written} bytes, layout says {payload_bytes}")));
         }
-        header.checksum = format!("{:016x}", hasher.finish());
+        header.checksum = format!("{:016x}", file_checksum(hasher.finish(), &header));
         let hjson = serde_json::to_vec(&header).map_err(|e| Error::Invalid(e.to_string()))?;
         debug_assert_eq!(hjson.len(), hlen);
         w.seek(SeekFrom::Start(0)).map_err(|e| Error::io(&tmp, e))?;
@@ -231,6 +240,14 @@ pub fn write(
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// The checksum a file stores: [`checksum`] of the payload's checksum and the header serialised
+/// with its checksum field zeroed, so that an edited tensor table is caught like a flipped bit.
+fn file_checksum(payload_sum: u64, header: &Header) -> u64 {
+    let zeroed = Header { checksum: format!("{:016x}", 0u64), ..header.clone() };
+    let json = serde_json::to_vec(&zeroed).unwrap_or_default();
+    checksum(&[&payload_sum.to_le_bytes()[..], &json].concat())
 }
 
 /// Streaming form of [`checksum`] (same result for the same bytes in any chunking).
