@@ -74,6 +74,12 @@ fn file_name(plan: &Plan) -> String {
     format!("qwen_bpf.{}", plan.name)
 }
 
+/// The cache's format string: the plan in full, so that a file written under another plan is
+/// detected as stale.
+fn format_of(plan: &Plan) -> String {
+    format!("{}:attention={},gate_up={},down={},lm_head={}", plan.name, plan.attention.name, plan.gate_up.name, plan.down.name, plan.lm_head.name)
+}
+
 /// The matrices of the cache, in payload order: (name, rows, cols, format, HF tensors stacked).
 fn matrices(cfg: &Config, plan: &Plan) -> Vec<(String, usize, usize, Format, Vec<String>)> {
     let (h, ffn) = (cfg.hidden_size, cfg.intermediate_size);
@@ -100,7 +106,8 @@ fn packed_bytes(f: Format, rows: usize, cols: usize) -> (usize, usize) {
 fn open_or_convert(ck: &Checkpoint, cache_dir: &Path, plan: &Plan, progress: bool) -> Result<CacheFile> {
     let path = cache_dir.join(file_name(plan));
     let identity = ck.identity();
-    match cache::open(&path, plan.name, &identity, &ck.config)? {
+    let format = format_of(plan);
+    match cache::open(&path, &format, &identity, &ck.config)? {
         Ok(c) => return Ok(c),
         Err(reason) if progress => eprintln!("qwen_bpf: quantising weights to {} ({}: {reason})", plan.name, path.display()),
         Err(_) => {}
@@ -127,7 +134,7 @@ fn open_or_convert(ck: &Checkpoint, cache_dir: &Path, plan: &Plan, progress: boo
     }
     let total = cfg.num_parameters() as u64;
     let bar = progress.then(|| crate::progress_bar(total, plan.name));
-    cache::write(&path, plan.name, &identity, cfg, entries, |sink| {
+    cache::write(&path, &format, &identity, cfg, entries, |sink| {
         let mut buf = Vec::new();
         for (name, shape) in tensor_specs(cfg) {
             if shape.len() == 1 || name == "model.embed_tokens.weight" {
@@ -163,7 +170,7 @@ fn open_or_convert(ck: &Checkpoint, cache_dir: &Path, plan: &Plan, progress: boo
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    match cache::open(&path, plan.name, &identity, cfg)? {
+    match cache::open(&path, &format, &identity, cfg)? {
         Ok(c) => Ok(c),
         Err(reason) => Err(Error::Cache { path, msg: format!("freshly written cache is unusable: {reason}") }),
     }
