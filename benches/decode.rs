@@ -10,7 +10,9 @@
 //!   `qwen_bpf::default_model` (generated once, ~1.2 GB, plus each store's cache on its first
 //!   load), or on the model directory in `$QWEN_BPF_BENCH_MODEL`. Throughput is tokens/s.
 //! * `kernels`: the plain Q24 matrix-vector product, BPF (`Ops::matvec`) vs its Rust twin
-//!   (`qwen_bpf::fixed::matvec`), at the 0.6B shapes. Throughput elements are multiply-adds, so
+//!   (`qwen_bpf::fixed::matvec`), and the SWAR W4A8 / W8A16 kernels (`Ops::w4a8_matvec`,
+//!   `Ops::w8a16_matvec`) vs theirs (`qwen_bpf::swar::matvec_quantized`), at the 0.6B shapes, in
+//!   one run so that their ratios are comparable. Throughput elements are multiply-adds, so
 //!   criterion's `elem/s` is MAC/s.
 //!
 //! Needs root (or CAP_BPF + CAP_PERFMON). Sample sizes are small so that the run takes a few
@@ -21,14 +23,14 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use qwen_bpf::fixed;
+use qwen_bpf::{fixed, swar};
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::reference::Reference;
 use qwen_bpf::{default_model, Backend, Checkpoint, Model, ModelOptions};
 
 /// The weight stores the decode group times, after the reference. A new store is one line here.
-const STORES: &[Backend] = &[Backend::Q24];
+const STORES: &[Backend] = &Backend::ALL;
 
 /// KV-cache capacity; an engine is reset when its context is full.
 const MAX_CONTEXT: usize = 128;
@@ -121,7 +123,7 @@ fn random_vec(seed: u64, n: usize, m: i64) -> Vec<i32> {
 fn kernels(c: &mut Criterion) {
     let bytes: usize = SHAPES
         .iter()
-        .map(|&(r, k)| (r * k + k + r) * 4 + 3 * 4096)
+        .map(|&(r, k)| (r * k + k + r) * 4 * 3 + 16 * 4096 + 2 * qwen_bpf::swar::QuantX::bytes(k))
         .sum();
     let mut ops = Ops::load(bytes).expect("loading the operator programs (needs root / CAP_BPF)");
     let mut g = c.benchmark_group("kernels");
@@ -158,6 +160,35 @@ fn kernels(c: &mut Criterion) {
             &want[..],
             "{shape}: BPF matvec differs from its twin"
         );
+
+        // The SWAR kernels on the same shapes: weights ~N(0, 0.03) quantised group-wise,
+        // activations quantised per 32-column block in BPF (once, outside the timing).
+        let wf: Vec<f32> = w.iter().map(|&v| v as f32 / (1 << 24) as f32 * 0.6).collect();
+        let m4 = swar::quantize_int4(&wf, rows, cols).expect("int4 weights");
+        let m8 = swar::quantize_int8(&wf, rows, cols).expect("int8 weights");
+        let (r4, r8) = (ops.upload_int4(&m4).expect("arena"), ops.upload_int8(&m8).expect("arena"));
+        let (x8, x16) = (ops.alloc_quant_x(cols, swar::W4A8).expect("arena"), ops.alloc_quant_x(cols, swar::W8A16).expect("arena"));
+        ops.quantize_x(rx, &x8).expect("quantize_x8");
+        ops.quantize_x(rx, &x16).expect("quantize_x16");
+        let (q8, q16) = (swar::quantize_x8(&x), swar::quantize_x16(&x));
+        g.bench_function(BenchmarkId::new("matvec_w4a8_bpf", &shape), |b| {
+            b.iter(|| ops.w4a8_matvec(&r4, &x8, ry, 0..rows, false).expect("BPF w4a8"))
+        });
+        g.bench_function(BenchmarkId::new("matvec_w4a8_twin", &shape), |b| {
+            b.iter(|| swar::matvec_quantized(black_box(&m4), black_box(&q8), 0..rows, black_box(&mut y)))
+        });
+        swar::matvec_quantized(&m4, &q8, 0..rows, &mut want);
+        ops.w4a8_matvec(&r4, &x8, ry, 0..rows, false).expect("BPF w4a8");
+        assert_eq!(ops.arena.slice::<i32>(ry), &want[..], "{shape}: BPF w4a8 differs from its twin");
+        g.bench_function(BenchmarkId::new("matvec_w8a16_bpf", &shape), |b| {
+            b.iter(|| ops.w8a16_matvec(&r8, &x16, ry, 0..rows, false).expect("BPF w8a16"))
+        });
+        g.bench_function(BenchmarkId::new("matvec_w8a16_twin", &shape), |b| {
+            b.iter(|| swar::matvec_quantized(black_box(&m8), black_box(&q16), 0..rows, black_box(&mut y)))
+        });
+        swar::matvec_quantized(&m8, &q16, 0..rows, &mut want);
+        ops.w8a16_matvec(&r8, &x16, ry, 0..rows, false).expect("BPF w8a16");
+        assert_eq!(ops.arena.slice::<i32>(ry), &want[..], "{shape}: BPF w8a16 differs from its twin");
     }
     g.finish();
 }

@@ -26,8 +26,10 @@ use crate::{Checkpoint, Config, Error, Result};
 pub struct Plan {
     /// Cache format name ("int4", "int8").
     pub name: &'static str,
-    /// q/k/v and o projections.
-    pub attention: Format,
+    /// q/k/v projections (stacked).
+    pub qkv: Format,
+    /// o projection.
+    pub o: Format,
     /// gate and up projections.
     pub gate_up: Format,
     /// down projection.
@@ -41,9 +43,9 @@ pub struct Plan {
 /// all-4-bit gives mean |Δlogit| 0.23 and 56 % argmax agreement, a 4-bit head too 0.24 and 38 %,
 /// 8-bit attention 0.11 and 81 %: the attention scores multiply q by the large-k_norm keys, so
 /// their error costs the most per byte saved.
-pub const INT4: Plan = Plan { name: "int4", attention: W8A16, gate_up: W4A8, down: W4A8, lm_head: W8A16 };
+pub const INT4: Plan = Plan { name: "int4", qkv: W8A16, o: W4A8, gate_up: W4A8, down: W4A8, lm_head: W8A16 };
 /// INT8: every matrix 8-bit with 16-bit activations.
-pub const INT8: Plan = Plan { name: "int8", attention: W8A16, gate_up: W8A16, down: W8A16, lm_head: W8A16 };
+pub const INT8: Plan = Plan { name: "int8", qkv: W8A16, o: W8A16, gate_up: W8A16, down: W8A16, lm_head: W8A16 };
 
 /// The matrices of one layer in the arena.
 #[derive(Debug, Clone, Copy)]
@@ -77,7 +79,7 @@ fn file_name(plan: &Plan) -> String {
 /// The cache's format string: the plan in full, so that a file written under another plan is
 /// detected as stale.
 fn format_of(plan: &Plan) -> String {
-    format!("{}:attention={},gate_up={},down={},lm_head={}", plan.name, plan.attention.name, plan.gate_up.name, plan.down.name, plan.lm_head.name)
+    format!("{}:qkv={},o={},gate_up={},down={},lm_head={}", plan.name, plan.qkv.name, plan.o.name, plan.gate_up.name, plan.down.name, plan.lm_head.name)
 }
 
 /// The matrices of the cache, in payload order: (name, rows, cols, format, HF tensors stacked).
@@ -87,8 +89,8 @@ fn matrices(cfg: &Config, plan: &Plan) -> Vec<(String, usize, usize, Format, Vec
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         let t = |n: &str| format!("{p}.{n}.weight");
-        v.push((format!("{p}.self_attn.qkv"), cfg.q_dim() + 2 * cfg.kv_dim(), h, plan.attention, vec![t("self_attn.q_proj"), t("self_attn.k_proj"), t("self_attn.v_proj")]));
-        v.push((format!("{p}.self_attn.o"), h, cfg.q_dim(), plan.attention, vec![t("self_attn.o_proj")]));
+        v.push((format!("{p}.self_attn.qkv"), cfg.q_dim() + 2 * cfg.kv_dim(), h, plan.qkv, vec![t("self_attn.q_proj"), t("self_attn.k_proj"), t("self_attn.v_proj")]));
+        v.push((format!("{p}.self_attn.o"), h, cfg.q_dim(), plan.o, vec![t("self_attn.o_proj")]));
         v.push((format!("{p}.mlp.gate_up"), 2 * ffn, h, plan.gate_up, vec![t("mlp.gate_proj"), t("mlp.up_proj")]));
         v.push((format!("{p}.mlp.down"), h, ffn, plan.down, vec![t("mlp.down_proj")]));
     }
@@ -256,8 +258,8 @@ impl WeightStore for IntStore {
             }
         }
         let mut wanted: Vec<(usize, Format)> = vec![
-            (c.hidden_size, self.plan.attention),
-            (c.q_dim(), self.plan.attention),
+            (c.hidden_size, self.plan.qkv),
+            (c.q_dim(), self.plan.o),
             (c.hidden_size, self.plan.gate_up),
             (c.intermediate_size, self.plan.down),
             (c.hidden_size, self.plan.lm_head),
