@@ -8,7 +8,12 @@ fn main() {
     let mut tok = 785u32;
     let t1 = std::time::Instant::now();
     let r0 = m.bpf_runs();
-    for _ in 0..8 { tok = m.next_token(tok).unwrap(); }
-    let dt = t1.elapsed().as_secs_f64() / 8.0;
-    eprintln!("threads {threads}: {:.1} ms/token, {} runs/token", dt * 1e3, (m.bpf_runs() - r0) / 8);
+    for _ in 0..16 { tok = m.next_token(tok).unwrap(); }
+    let dt = t1.elapsed().as_secs_f64() / 16.0;
+    eprintln!("{} threads {threads}: {:.1} ms/token, {} runs/token", backend.name(), dt * 1e3, (m.bpf_runs() - r0) / 16);
+    if std::env::var("STATS").is_ok() {
+        let out = std::process::Command::new("bpftool").args(["prog", "show"]).output().unwrap();
+        let s = String::from_utf8_lossy(&out.stdout);
+        for l in s.lines().filter(|l| l.contains("run_time_ns")) { eprintln!("{l}"); }
+    }
 }

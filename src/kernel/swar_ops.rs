@@ -186,9 +186,13 @@ impl Ops {
         rows: Rows,
         accumulate: bool,
     ) -> Result<()> {
-        let mut a = self.swar_args(f, m, xq, Some(y), &rows)?;
-        a.accumulate = accumulate as u32;
-        self.run(&format!("{}_matvec", f.name), &mut a)
+        let a = self.swar_args(f, m, xq, Some(y), &rows)?;
+        let mut parts: Vec<swar_mv_args> = self
+            .parts(rows.clone(), rows.len() * m.cols)
+            .into_iter()
+            .map(|p| swar_mv_args { row0: p.start as u32, nrows: p.len() as u32, accumulate: accumulate as u32, ..a })
+            .collect();
+        self.run_parts(&format!("{}_matvec", f.name), &mut parts)
     }
 
     fn swar_lm_head(
@@ -199,9 +203,13 @@ impl Ops {
         y: Option<Region>,
         rows: Rows,
     ) -> Result<(usize, i32)> {
-        let mut a = self.swar_args(f, m, xq, y, &rows)?;
-        self.run(&format!("{}_lm_head_argmax", f.name), &mut a)?;
-        Ok((a.best as usize, a.best_val as i32))
+        let a = self.swar_args(f, m, xq, y, &rows)?;
+        let mut parts: Vec<swar_mv_args> =
+            self.parts(rows.clone(), rows.len() * m.cols).into_iter().map(|p| swar_mv_args { row0: p.start as u32, nrows: p.len() as u32, ..a }).collect();
+        self.run_parts(&format!("{}_lm_head_argmax", f.name), &mut parts)?;
+        // parts are in row order: a later part wins only with a strictly larger logit
+        let best = parts.iter().fold((rows.start, i64::MIN), |b, p| if p.best_val > b.1 { (p.best as usize, p.best_val) } else { b });
+        Ok((best.0, best.1 as i32))
     }
 
     /// `y[r] = W x` (y i32 Q16) or, when `accumulate`, `y[r] += W x` (y the i64 Q32 residual
