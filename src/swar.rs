@@ -236,16 +236,44 @@ impl Format {
                         max: u32::MAX as f64 / one * cmax,
                     });
                 }
+                let (s, lo) = if self.bits == 4 { mse_scale(grp, s, one) } else { (s, -cmax) };
                 scales[r * (cols / GROUP) + g] = s as u32;
                 if s > 0.0 {
                     for (c, &v) in codes[base..base + GROUP].iter_mut().zip(grp) {
-                        *c = (v as f64 * one / s).round().clamp(-cmax, cmax) as i8;
+                        *c = (v as f64 * one / s).round().clamp(lo, cmax) as i8;
                     }
                 }
             }
         }
         Ok(self.pack(rows, cols, &codes, &scales))
     }
+}
+
+/// The 4-bit group scale with the least squared error: candidates from the max-based scale `s`
+/// (every weight within half a step) down to 0.70 × s, codes in -8..=7, so that a rare large
+/// weight may be clipped when that makes the other 31 finer. Returns (scale, lowest code).
+fn mse_scale(grp: &[f32], s: f64, one: f64) -> (f64, f64) {
+    let sse = |sc: f64, lo: f64| -> f64 {
+        grp.iter()
+            .map(|&v| {
+                let v = v as f64 * one;
+                let q = (v / sc).round().clamp(lo, 7.0);
+                (v - q * sc).powi(2)
+            })
+            .sum()
+    };
+    if s <= 0.0 {
+        return (s, -7.0);
+    }
+    let mut best = (s, -7.0, sse(s, -7.0));
+    for i in 1..=15 {
+        let sc = (s * (1.0 - 0.02 * i as f64)).ceil().max(1.0);
+        let e = sse(sc, -8.0);
+        if e < best.2 {
+            best = (sc, -8.0, e);
+        }
+    }
+    (best.0, best.1)
 }
 
 /// A matrix in one of the packed formats: the words and scales a kernel reads, in its layout.

@@ -564,19 +564,35 @@ fn quantize_dequantize_error_is_at_most_half_a_step() {
         for i in 0..rows * k {
             let step = scale[i] as f64 / one;
             let err = (w[i] as f64 - d[i]).abs();
-            assert!(
-                err <= step / 2.0 * (1.0 + 1e-12),
-                "{name}: weight {i} = {} dequantises to {} (error {err}, step {step})",
-                w[i],
-                d[i]
-            );
+            // int4 scales are chosen for the least squared error and may clip a rare large
+            // weight: only weights inside the code range are bound to half a step
+            if cmax == 127 || (w[i] as f64).abs() <= 7.0 * step {
+                assert!(
+                    err <= step / 2.0 * (1.0 + 1e-12),
+                    "{name}: weight {i} = {} dequantises to {} (error {err}, step {step})",
+                    w[i],
+                    d[i]
+                );
+            }
+        }
+        if cmax == 7 {
+            // and no group does worse than the max-based scale (every weight within half a step)
+            for grp in 0..rows * k / 32 {
+                let ws = &w[grp * 32..grp * 32 + 32];
+                let a = ws.iter().map(|v| v.abs() as f64).fold(0.0, f64::max);
+                let s = (a * one / 7.0).ceil() / one;
+                let max_based: f64 = ws.iter().map(|&v| (v as f64 - (v as f64 / s).round().clamp(-7.0, 7.0) * s).powi(2)).sum::<f64>();
+                let chosen: f64 = ws.iter().zip(&d[grp * 32..grp * 32 + 32]).map(|(&v, &q)| (v as f64 - q).powi(2)).sum();
+                assert!(s == 0.0 || chosen <= max_based * (1.0 + 1e-9), "int4 group {grp}: squared error {chosen} > max-based {max_based}");
+            }
         }
         assert_eq!(
             &d[k..k + 32],
             &[0.0; 32],
             "{name}: an all-zero group dequantises to zeros"
         );
-        // the step is the group maximum / code_max, rounded up by less than one Q24 unit
+        // the step is the group maximum / code_max, rounded up by less than one Q24 unit (for
+        // int4, a group whose maximum dwarfs the rest keeps it)
         let (r, g) = (2, 0);
         let a = w[r * k..r * k + 32]
             .iter()

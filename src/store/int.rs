@@ -79,7 +79,7 @@ fn file_name(plan: &Plan) -> String {
 /// The cache's format string: the plan in full, so that a file written under another plan is
 /// detected as stale.
 fn format_of(plan: &Plan) -> String {
-    format!("{}:qkv={},o={},gate_up={},down={},lm_head={}", plan.name, plan.qkv.name, plan.o.name, plan.gate_up.name, plan.down.name, plan.lm_head.name)
+    format!("{}:quantiser=mse-v1:qkv={},o={},gate_up={},down={},lm_head={}", plan.name, plan.qkv.name, plan.o.name, plan.gate_up.name, plan.down.name, plan.lm_head.name)
 }
 
 /// The matrices of the cache, in payload order: (name, rows, cols, format, HF tensors stacked).
