@@ -7,14 +7,31 @@ use qwen_bpf::reference::Reference;
 use qwen_bpf::twin::TwinModel;
 use qwen_bpf::{Checkpoint, Error, Model, ModelOptions};
 
-const TOKENS: [u32; 16] = [785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386];
+const TOKENS: [u32; 16] = [
+    785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386,
+];
 
 fn open(dir: &std::path::Path, max_context: usize) -> Model {
-    Model::open(dir, &ModelOptions { max_context, ..Default::default() }).expect("open the tiny model in BPF")
+    Model::open(
+        dir,
+        &ModelOptions {
+            max_context,
+            ..Default::default()
+        },
+    )
+    .expect("open the tiny model in BPF")
 }
 
 fn open_threads(dir: &std::path::Path, max_context: usize, threads: usize) -> Model {
-    Model::open(dir, &ModelOptions { max_context, threads, ..Default::default() }).expect("open the tiny model in BPF")
+    Model::open(
+        dir,
+        &ModelOptions {
+            max_context,
+            threads,
+            ..Default::default()
+        },
+    )
+    .expect("open the tiny model in BPF")
 }
 
 #[test]
@@ -27,11 +44,24 @@ fn bpf_forward_equals_twin_bit_for_bit_and_counts_runs() {
     for (i, &t) in TOKENS.iter().enumerate() {
         let before = m.bpf_runs();
         let got = m.forward_fixed(t).unwrap();
-        assert_eq!(m.bpf_runs() - before, 8 * layers + 3, "BPF runs for token {i} on one thread");
+        assert_eq!(
+            m.bpf_runs() - before,
+            8 * layers + 3,
+            "BPF runs for token {i} on one thread"
+        );
         let (want, best) = twin.forward(t).unwrap();
         assert_eq!(got, want, "logits at position {i}: BPF vs Rust twin");
-        assert_eq!(m2.forward_fixed(t).unwrap(), want, "logits at position {i}: BPF on two threads vs Rust twin");
-        let argmax = got.iter().enumerate().max_by_key(|&(j, &v)| (v, std::cmp::Reverse(j))).unwrap().0;
+        assert_eq!(
+            m2.forward_fixed(t).unwrap(),
+            want,
+            "logits at position {i}: BPF on two threads vs Rust twin"
+        );
+        let argmax = got
+            .iter()
+            .enumerate()
+            .max_by_key(|&(j, &v)| (v, std::cmp::Reverse(j)))
+            .unwrap()
+            .0;
         assert_eq!(argmax, best, "twin argmax at position {i}");
     }
 }
@@ -45,16 +75,39 @@ fn bpf_forward_is_within_bounds_of_the_f32_reference() {
     for (i, &t) in TOKENS.iter().enumerate() {
         let got = m.forward(t).unwrap();
         let want = r.forward(t).unwrap();
-        let max = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-        sum += got.iter().zip(&want).map(|(a, b)| (a - b).abs() as f64).sum::<f64>();
+        let max = got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        sum += got
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| (a - b).abs() as f64)
+            .sum::<f64>();
         n += got.len();
         worst = worst.max(max);
         let mut sorted = want.clone();
         sorted.sort_by(|a, b| b.total_cmp(a));
-        let ref_best = want.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
-        let got_best = got.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+        let ref_best = want
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0;
+        let got_best = got
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0;
         if sorted[0] - sorted[1] > 2.0 * max {
-            assert_eq!(got_best, ref_best, "argmax at position {i} (gap {} > 2 × max err {max})", sorted[0] - sorted[1]);
+            assert_eq!(
+                got_best,
+                ref_best,
+                "argmax at position {i} (gap {} > 2 × max err {max})",
+                sorted[0] - sorted[1]
+            );
         }
     }
     let mean = sum / n as f64;
@@ -70,15 +123,28 @@ fn next_token_is_the_argmax_of_forward_and_reset_replays() {
     let mut b = open(&dir, 32);
     for &t in &TOKENS[..6] {
         let logits = a.forward_fixed(t).unwrap();
-        let best = logits.iter().enumerate().max_by_key(|&(j, &v)| (v, std::cmp::Reverse(j))).unwrap().0;
-        assert_eq!(b.next_token(t).unwrap() as usize, best, "next_token vs argmax of forward");
+        let best = logits
+            .iter()
+            .enumerate()
+            .max_by_key(|&(j, &v)| (v, std::cmp::Reverse(j)))
+            .unwrap()
+            .0;
+        assert_eq!(
+            b.next_token(t).unwrap() as usize,
+            best,
+            "next_token vs argmax of forward"
+        );
     }
     let first = {
         a.reset();
         a.forward_fixed(TOKENS[0]).unwrap()
     };
     b.reset();
-    assert_eq!(b.forward_fixed(TOKENS[0]).unwrap(), first, "after reset, position 0 again");
+    assert_eq!(
+        b.forward_fixed(TOKENS[0]).unwrap(),
+        first,
+        "after reset, position 0 again"
+    );
     assert_eq!(b.position(), 1);
 }
 
@@ -88,17 +154,30 @@ fn bad_tokens_and_context_overflow_are_typed_errors() {
     let mut m = open(&dir, 3);
     let vocab = m.config().vocab_size as u32;
     match m.forward(vocab) {
-        Err(Error::TokenOutOfRange { id, index: 0, vocab: v }) => assert_eq!((id, v), (vocab, vocab as usize)),
+        Err(Error::TokenOutOfRange {
+            id,
+            index: 0,
+            vocab: v,
+        }) => assert_eq!((id, v), (vocab, vocab as usize)),
         other => panic!("token id = vocab: want TokenOutOfRange, got {other:?}"),
     }
     for &t in &TOKENS[..3] {
         m.forward(t).unwrap();
     }
     match m.forward(1) {
-        Err(Error::ContextOverflow { pos: 3, max_context: 3 }) => {}
+        Err(Error::ContextOverflow {
+            pos: 3,
+            max_context: 3,
+        }) => {}
         other => panic!("4th token with max_context 3: want ContextOverflow, got {other:?}"),
     }
-    match Model::open(&dir, &ModelOptions { max_context: 0, ..Default::default() }) {
+    match Model::open(
+        &dir,
+        &ModelOptions {
+            max_context: 0,
+            ..Default::default()
+        },
+    ) {
         Err(Error::Invalid(msg)) => assert!(msg.contains("max_context"), "{msg}"),
         other => panic!("max_context 0: want Invalid, got {other:?}"),
     }
@@ -113,7 +192,11 @@ fn model_is_send_and_runs_on_another_thread() {
     let first = m.forward_fixed(TOKENS[0]).unwrap();
     let mut m = std::thread::spawn(move || {
         m.reset();
-        assert_eq!(m.forward_fixed(TOKENS[0]).unwrap(), first, "same logits on another thread");
+        assert_eq!(
+            m.forward_fixed(TOKENS[0]).unwrap(),
+            first,
+            "same logits on another thread"
+        );
         m
     })
     .join()

@@ -10,11 +10,24 @@ use qwen_bpf::store::arena_batch::WEIGHT_BYTES;
 use qwen_bpf::store::q24::FILE_NAME;
 use qwen_bpf::{Backend, Model, ModelOptions};
 
-const TOKENS: [u32; 16] = [785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386];
+const TOKENS: [u32; 16] = [
+    785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386,
+];
 
 fn open(dir: &Path, backend: Backend, cache: &Path) -> Model {
-    let opts = ModelOptions { backend, max_context: 32, cache_dir: Some(cache.to_path_buf()), ..Default::default() };
-    Model::open(dir, &opts).unwrap_or_else(|e| panic!("open {} with the {} store: {e}", dir.display(), backend.name()))
+    let opts = ModelOptions {
+        backend,
+        max_context: 32,
+        cache_dir: Some(cache.to_path_buf()),
+        ..Default::default()
+    };
+    Model::open(dir, &opts).unwrap_or_else(|e| {
+        panic!(
+            "open {} with the {} store: {e}",
+            dir.display(),
+            backend.name()
+        )
+    })
 }
 
 #[test]
@@ -22,15 +35,31 @@ fn arena_batch_logits_are_byte_identical_to_q24_within_2_mib() {
     let dir = common::tiny_model("stores-tiny");
     let mut q24 = open(&dir, Backend::Q24, &dir);
     let mut arena = open(&dir, Backend::Arena, &dir);
-    assert!(arena.kernel_memory().weights <= WEIGHT_BYTES, "arena store weight memory {:?}", arena.kernel_memory());
-    assert_eq!(arena.kernel_memory().weights, 2 << 20, "the arena store reports its 2 MiB weight budget");
+    assert!(
+        arena.kernel_memory().weights <= WEIGHT_BYTES,
+        "arena store weight memory {:?}",
+        arena.kernel_memory()
+    );
+    assert_eq!(
+        arena.kernel_memory().weights,
+        2 << 20,
+        "the arena store reports its 2 MiB weight budget"
+    );
     for (i, &t) in TOKENS.iter().enumerate() {
-        assert_eq!(arena.forward_fixed(t).unwrap(), q24.forward_fixed(t).unwrap(), "logits at position {i}: arena-batch vs Q24");
+        assert_eq!(
+            arena.forward_fixed(t).unwrap(),
+            q24.forward_fixed(t).unwrap(),
+            "logits at position {i}: arena-batch vs Q24"
+        );
     }
     arena.reset();
     q24.reset();
     for &t in &TOKENS[..4] {
-        assert_eq!(arena.next_token(t).unwrap(), q24.next_token(t).unwrap(), "next_token: arena-batch vs Q24");
+        assert_eq!(
+            arena.next_token(t).unwrap(),
+            q24.next_token(t).unwrap(),
+            "next_token: arena-batch vs Q24"
+        );
     }
 }
 
@@ -43,21 +72,37 @@ fn q24_cache_is_reused_and_rebuilt_when_truncated_corrupt_or_stale() {
     let dir = common::tiny_model("stores-cache");
     let cache_dir = common::scratch_dir();
     let file = cache_dir.path().join(FILE_NAME);
-    let want = open(&dir, Backend::Q24, cache_dir.path()).forward_fixed(TOKENS[0]).unwrap();
+    let want = open(&dir, Backend::Q24, cache_dir.path())
+        .forward_fixed(TOKENS[0])
+        .unwrap();
     assert!(file.is_file(), "first open writes {}", file.display());
     let len = std::fs::metadata(&file).unwrap().len();
 
     // a second open reuses the file untouched
     let t0 = mtime(&file);
     std::thread::sleep(std::time::Duration::from_millis(20));
-    assert_eq!(open(&dir, Backend::Q24, cache_dir.path()).forward_fixed(TOKENS[0]).unwrap(), want);
-    assert_eq!(mtime(&file), t0, "a valid cache file is reused, not rewritten");
+    assert_eq!(
+        open(&dir, Backend::Q24, cache_dir.path())
+            .forward_fixed(TOKENS[0])
+            .unwrap(),
+        want
+    );
+    assert_eq!(
+        mtime(&file),
+        t0,
+        "a valid cache file is reused, not rewritten"
+    );
 
     // truncated, bit-flipped, stale (another checkpoint identity) or garbage: rebuilt, same logits
     let damage: [(&str, fn(&Path)); 4] = [
         ("truncated", |f| {
             let n = std::fs::metadata(f).unwrap().len();
-            std::fs::OpenOptions::new().write(true).open(f).unwrap().set_len(n / 2).unwrap();
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(f)
+                .unwrap()
+                .set_len(n / 2)
+                .unwrap();
         }),
         ("bit-flipped", |f| {
             let mut b = std::fs::read(f).unwrap();
@@ -68,18 +113,28 @@ fn q24_cache_is_reused_and_rebuilt_when_truncated_corrupt_or_stale() {
         ("stale", |f| {
             let b = std::fs::read(f).unwrap();
             let text = String::from_utf8_lossy(&b[..4096]).into_owned();
-            let at = text.find("model.safetensors:").expect("identity in the header");
+            let at = text
+                .find("model.safetensors:")
+                .expect("identity in the header");
             let mut b = b;
             b[at] = b'M'; // another file name: another checkpoint's identity
             std::fs::write(f, b).unwrap();
         }),
-        ("garbage", |f| std::fs::write(f, b"not a cache file at all").unwrap()),
+        ("garbage", |f| {
+            std::fs::write(f, b"not a cache file at all").unwrap()
+        }),
     ];
     for (what, hurt) in damage {
         hurt(&file);
-        let got = open(&dir, Backend::Q24, cache_dir.path()).forward_fixed(TOKENS[0]).unwrap();
+        let got = open(&dir, Backend::Q24, cache_dir.path())
+            .forward_fixed(TOKENS[0])
+            .unwrap();
         assert_eq!(got, want, "logits after rebuilding a {what} cache");
-        assert_eq!(std::fs::metadata(&file).unwrap().len(), len, "{what} cache rebuilt to full size");
+        assert_eq!(
+            std::fs::metadata(&file).unwrap().len(),
+            len,
+            "{what} cache rebuilt to full size"
+        );
     }
 }
 
@@ -90,7 +145,13 @@ fn error_vs_reference(dir: &Path, backend: Backend) -> (f64, f32, f64) {
     let mut m = open(dir, backend, dir);
     let mut r = Reference::new(&qwen_bpf::Checkpoint::open(dir).unwrap(), 32).unwrap();
     let (mut sum, mut n, mut max, mut agree) = (0f64, 0usize, 0f32, 0usize);
-    let argmax = |v: &[f32]| v.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0
+    };
     for &t in &TOKENS {
         let (got, want) = (m.forward(t).unwrap(), r.forward(t).unwrap());
         for (a, b) in got.iter().zip(&want) {
@@ -111,7 +172,16 @@ fn low_bit_stores_run_the_model_within_their_expected_error() {
     let (i4_mean, i4_max, i4_agree) = error_vs_reference(&dir, Backend::Int4);
     eprintln!("tiny vs f32: q24 mean {q24:.6}; int8 mean {i8_mean:.6} max {i8_max:.4} argmax {i8_agree}; int4 mean {i4_mean:.5} max {i4_max:.3} argmax {i4_agree}");
     // measured here: int8 0.011 / 100 %, int4 0.11 / 81 %
-    assert!(i8_mean < 0.03 && i8_agree >= 0.9, "int8: mean |Δlogit| {i8_mean}, argmax agreement {i8_agree}");
-    assert!(i4_mean < 0.25 && i4_agree >= 0.6, "int4: mean |Δlogit| {i4_mean}, argmax agreement {i4_agree}");
-    assert!(q24 < i8_mean && i8_mean < i4_mean, "precision order q24 < int8 < int4: {q24} {i8_mean} {i4_mean}");
+    assert!(
+        i8_mean < 0.03 && i8_agree >= 0.9,
+        "int8: mean |Δlogit| {i8_mean}, argmax agreement {i8_agree}"
+    );
+    assert!(
+        i4_mean < 0.25 && i4_agree >= 0.6,
+        "int4: mean |Δlogit| {i4_mean}, argmax agreement {i4_agree}"
+    );
+    assert!(
+        q24 < i8_mean && i8_mean < i4_mean,
+        "precision order q24 < int8 < int4: {q24} {i8_mean} {i4_mean}"
+    );
 }
