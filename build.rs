@@ -33,7 +33,12 @@ fn main() {
         "-I/usr/include/aarch64-linux-gnu",
     ];
     for src in &sources {
-        let stem = src.file_name().unwrap().to_string_lossy().trim_end_matches(".bpf.c").to_string();
+        let stem = src
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .trim_end_matches(".bpf.c")
+            .to_string();
         SkeletonBuilder::new()
             .source(src)
             .obj(out.join(format!("{stem}.bpf.o")))

@@ -23,11 +23,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use qwen_bpf::{fixed, swar};
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::reference::Reference;
 use qwen_bpf::{default_model, Backend, Checkpoint, Model, ModelOptions};
+use qwen_bpf::{fixed, swar};
 
 /// The weight stores the decode group times, after the reference. A new store is one line here.
 const STORES: &[Backend] = &Backend::ALL;
@@ -163,32 +163,61 @@ fn kernels(c: &mut Criterion) {
 
         // The SWAR kernels on the same shapes: weights ~N(0, 0.03) quantised group-wise,
         // activations quantised per 32-column block in BPF (once, outside the timing).
-        let wf: Vec<f32> = w.iter().map(|&v| v as f32 / (1 << 24) as f32 * 0.6).collect();
+        let wf: Vec<f32> = w
+            .iter()
+            .map(|&v| v as f32 / (1 << 24) as f32 * 0.6)
+            .collect();
         let m4 = swar::quantize_int4(&wf, rows, cols).expect("int4 weights");
         let m8 = swar::quantize_int8(&wf, rows, cols).expect("int8 weights");
-        let (r4, r8) = (ops.upload_int4(&m4).expect("arena"), ops.upload_int8(&m8).expect("arena"));
-        let (x8, x16) = (ops.alloc_quant_x(cols, swar::W4A8).expect("arena"), ops.alloc_quant_x(cols, swar::W8A16).expect("arena"));
+        let (r4, r8) = (
+            ops.upload_int4(&m4).expect("arena"),
+            ops.upload_int8(&m8).expect("arena"),
+        );
+        let (x8, x16) = (
+            ops.alloc_quant_x(cols, swar::W4A8).expect("arena"),
+            ops.alloc_quant_x(cols, swar::W8A16).expect("arena"),
+        );
         ops.quantize_x(rx, &x8).expect("quantize_x8");
         ops.quantize_x(rx, &x16).expect("quantize_x16");
         let (q8, q16) = (swar::quantize_x8(&x), swar::quantize_x16(&x));
         g.bench_function(BenchmarkId::new("matvec_w4a8_bpf", &shape), |b| {
-            b.iter(|| ops.w4a8_matvec(&r4, &x8, ry, 0..rows, false).expect("BPF w4a8"))
+            b.iter(|| {
+                ops.w4a8_matvec(&r4, &x8, ry, 0..rows, false)
+                    .expect("BPF w4a8")
+            })
         });
         g.bench_function(BenchmarkId::new("matvec_w4a8_twin", &shape), |b| {
-            b.iter(|| swar::matvec_quantized(black_box(&m4), black_box(&q8), 0..rows, black_box(&mut y)))
+            b.iter(|| {
+                swar::matvec_quantized(black_box(&m4), black_box(&q8), 0..rows, black_box(&mut y))
+            })
         });
         swar::matvec_quantized(&m4, &q8, 0..rows, &mut want);
-        ops.w4a8_matvec(&r4, &x8, ry, 0..rows, false).expect("BPF w4a8");
-        assert_eq!(ops.arena.slice::<i32>(ry), &want[..], "{shape}: BPF w4a8 differs from its twin");
+        ops.w4a8_matvec(&r4, &x8, ry, 0..rows, false)
+            .expect("BPF w4a8");
+        assert_eq!(
+            ops.arena.slice::<i32>(ry),
+            &want[..],
+            "{shape}: BPF w4a8 differs from its twin"
+        );
         g.bench_function(BenchmarkId::new("matvec_w8a16_bpf", &shape), |b| {
-            b.iter(|| ops.w8a16_matvec(&r8, &x16, ry, 0..rows, false).expect("BPF w8a16"))
+            b.iter(|| {
+                ops.w8a16_matvec(&r8, &x16, ry, 0..rows, false)
+                    .expect("BPF w8a16")
+            })
         });
         g.bench_function(BenchmarkId::new("matvec_w8a16_twin", &shape), |b| {
-            b.iter(|| swar::matvec_quantized(black_box(&m8), black_box(&q16), 0..rows, black_box(&mut y)))
+            b.iter(|| {
+                swar::matvec_quantized(black_box(&m8), black_box(&q16), 0..rows, black_box(&mut y))
+            })
         });
         swar::matvec_quantized(&m8, &q16, 0..rows, &mut want);
-        ops.w8a16_matvec(&r8, &x16, ry, 0..rows, false).expect("BPF w8a16");
-        assert_eq!(ops.arena.slice::<i32>(ry), &want[..], "{shape}: BPF w8a16 differs from its twin");
+        ops.w8a16_matvec(&r8, &x16, ry, 0..rows, false)
+            .expect("BPF w8a16");
+        assert_eq!(
+            ops.arena.slice::<i32>(ry),
+            &want[..],
+            "{shape}: BPF w8a16 differs from its twin"
+        );
     }
     g.finish();
 }

@@ -15,14 +15,23 @@ use crate::{Config, Error, Result};
 /// `lm_head.weight` is listed only when the embeddings are not tied.
 pub fn tensor_specs(cfg: &Config) -> Vec<(String, Vec<usize>)> {
     let (h, i, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim());
-    let mut v = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h])];
+    let mut v = vec![(
+        "model.embed_tokens.weight".to_string(),
+        vec![cfg.vocab_size, h],
+    )];
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         v.extend([
             (format!("{p}.input_layernorm.weight"), vec![h]),
             (format!("{p}.self_attn.q_proj.weight"), vec![cfg.q_dim(), h]),
-            (format!("{p}.self_attn.k_proj.weight"), vec![cfg.kv_dim(), h]),
-            (format!("{p}.self_attn.v_proj.weight"), vec![cfg.kv_dim(), h]),
+            (
+                format!("{p}.self_attn.k_proj.weight"),
+                vec![cfg.kv_dim(), h],
+            ),
+            (
+                format!("{p}.self_attn.v_proj.weight"),
+                vec![cfg.kv_dim(), h],
+            ),
             (format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.q_dim()]),
             (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
             (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
@@ -60,7 +69,10 @@ pub struct Checkpoint {
 
 impl std::fmt::Debug for Checkpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Checkpoint").field("dir", &self.dir).field("tensors", &self.entries.len()).finish()
+        f.debug_struct("Checkpoint")
+            .field("dir", &self.dir)
+            .field("tensors", &self.entries.len())
+            .finish()
     }
 }
 
@@ -78,7 +90,10 @@ impl Checkpoint {
         } else {
             return Err(Error::io(
                 &single,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "neither model.safetensors nor model.safetensors.index.json"),
+                std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    "neither model.safetensors nor model.safetensors.index.json",
+                ),
             ));
         };
         let mut files = Vec::new();
@@ -88,25 +103,50 @@ impl Checkpoint {
             let f = File::open(&path).map_err(|e| Error::io(&path, e))?;
             // SAFETY: the map is read-only; a checkpoint modified while open is outside our contract.
             let map = unsafe { Mmap::map(&f) }.map_err(|e| Error::io(&path, e))?;
-            let st = SafeTensors::deserialize(&map)
-                .map_err(|e| Error::Safetensors { path: path.clone(), msg: e.to_string() })?;
+            let st = SafeTensors::deserialize(&map).map_err(|e| Error::Safetensors {
+                path: path.clone(),
+                msg: e.to_string(),
+            })?;
             let base = map.as_ptr() as usize;
             for (tname, view) in st.tensors() {
                 let start = view.data().as_ptr() as usize - base;
-                let e = Entry { file: fi, dtype: view.dtype(), shape: view.shape().to_vec(), start, end: start + view.data().len() };
+                let e = Entry {
+                    file: fi,
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    start,
+                    end: start + view.data().len(),
+                };
                 entries.insert(tname, e);
             }
             files.push((path, map));
         }
-        let ck = Checkpoint { dir, config, files, entries };
+        let ck = Checkpoint {
+            dir,
+            config,
+            files,
+            entries,
+        };
         for (name, shape) in tensor_specs(&ck.config) {
-            let e = ck.entries.get(&name).ok_or_else(|| Error::MissingTensor { dir: ck.dir.clone(), name: name.clone() })?;
+            let e = ck.entries.get(&name).ok_or_else(|| Error::MissingTensor {
+                dir: ck.dir.clone(),
+                name: name.clone(),
+            })?;
             let path = ck.files[e.file].0.clone();
             if !matches!(e.dtype, Dtype::BF16 | Dtype::F16 | Dtype::F32) {
-                return Err(Error::Dtype { path, name, dtype: format!("{:?}", e.dtype) });
+                return Err(Error::Dtype {
+                    path,
+                    name,
+                    dtype: format!("{:?}", e.dtype),
+                });
             }
             if e.shape != shape {
-                return Err(Error::Shape { path, name, found: e.shape.clone(), expected: shape });
+                return Err(Error::Shape {
+                    path,
+                    name,
+                    found: e.shape.clone(),
+                    expected: shape,
+                });
             }
         }
         Ok(ck)
@@ -128,7 +168,10 @@ impl Checkpoint {
     }
 
     fn entry(&self, name: &str) -> Result<&Entry> {
-        self.entries.get(name).ok_or_else(|| Error::MissingTensor { dir: self.dir.clone(), name: name.into() })
+        self.entries.get(name).ok_or_else(|| Error::MissingTensor {
+            dir: self.dir.clone(),
+            name: name.into(),
+        })
     }
 
     /// Reads tensor `name` as f32 (row-major), failing on the first NaN or infinity.
@@ -140,9 +183,19 @@ impl Checkpoint {
 
     /// Appends rows `[row0, row0 + nrows)` (clamped to the tensor) of 2-D or 1-D tensor `name`
     /// to `out` as f32, failing on the first non-finite value. Lets converters stream large tensors.
-    pub fn read_rows_f32(&self, name: &str, row0: usize, nrows: usize, out: &mut Vec<f32>) -> Result<()> {
+    pub fn read_rows_f32(
+        &self,
+        name: &str,
+        row0: usize,
+        nrows: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let e = self.entry(name)?;
-        let cols = if e.shape.len() >= 2 { e.shape[1..].iter().product() } else { e.shape.iter().product::<usize>() };
+        let cols = if e.shape.len() >= 2 {
+            e.shape[1..].iter().product()
+        } else {
+            e.shape.iter().product::<usize>()
+        };
         let rows = if e.shape.len() >= 2 { e.shape[0] } else { 1 };
         // Clamp the start too: rows past the end read as nothing rather than slicing out of bounds.
         let row0 = row0.min(rows);
@@ -153,21 +206,35 @@ impl Checkpoint {
         let base = out.len();
         out.reserve(n);
         match e.dtype {
-            Dtype::BF16 => out.extend(bytes[first * 2..(first + n) * 2].chunks_exact(2).map(|b| {
-                half::bf16::from_le_bytes([b[0], b[1]]).to_f32()
-            })),
-            Dtype::F16 => out.extend(bytes[first * 2..(first + n) * 2].chunks_exact(2).map(|b| {
-                half::f16::from_le_bytes([b[0], b[1]]).to_f32()
-            })),
-            Dtype::F32 => out.extend(bytes[first * 4..(first + n) * 4].chunks_exact(4).map(|b| {
-                f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-            })),
+            Dtype::BF16 => out.extend(
+                bytes[first * 2..(first + n) * 2]
+                    .chunks_exact(2)
+                    .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            ),
+            Dtype::F16 => out.extend(
+                bytes[first * 2..(first + n) * 2]
+                    .chunks_exact(2)
+                    .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            ),
+            Dtype::F32 => out.extend(
+                bytes[first * 4..(first + n) * 4]
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            ),
             other => {
-                return Err(Error::Dtype { path: self.files[e.file].0.clone(), name: name.into(), dtype: format!("{other:?}") })
+                return Err(Error::Dtype {
+                    path: self.files[e.file].0.clone(),
+                    name: name.into(),
+                    dtype: format!("{other:?}"),
+                })
             }
         }
         if let Some(k) = out[base..].iter().position(|v| !v.is_finite()) {
-            return Err(Error::NonFinite { name: name.into(), index: first + k, value: out[base + k] });
+            return Err(Error::NonFinite {
+                name: name.into(),
+                index: first + k,
+                value: out[base + k],
+            });
         }
         Ok(())
     }
@@ -183,7 +250,10 @@ impl Checkpoint {
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map(|d| d.as_nanos())
                 .unwrap_or(0);
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
             s.push_str(&format!("{name}:{}:{mtime};", m.len()));
         }
         s
@@ -193,14 +263,24 @@ impl Checkpoint {
 /// The distinct shard files named by an index's `weight_map`, in first-seen order.
 fn shards_from_index(index: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(index).map_err(|e| Error::io(index, e))?;
-    let bad = |msg: String| Error::Safetensors { path: index.into(), msg };
+    let bad = |msg: String| Error::Safetensors {
+        path: index.into(),
+        msg,
+    };
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| bad("no `weight_map` object".into()))?;
+    let map = v
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| bad("no `weight_map` object".into()))?;
     let mut shards: Vec<String> = Vec::new();
     for (tensor, file) in map {
-        let f = file.as_str().ok_or_else(|| bad(format!("weight_map[{tensor}] is not a file name")))?;
+        let f = file
+            .as_str()
+            .ok_or_else(|| bad(format!("weight_map[{tensor}] is not a file name")))?;
         if f.contains('/') || f.contains("..") {
-            return Err(bad(format!("weight_map[{tensor}] = {f:?} leaves the model directory")));
+            return Err(bad(format!(
+                "weight_map[{tensor}] = {f:?} leaves the model directory"
+            )));
         }
         if !shards.iter().any(|s| s == f) {
             shards.push(f.to_string());

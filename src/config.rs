@@ -103,15 +103,18 @@ impl Config {
 
     /// Parses and validates JSON text; `path` is only used in error messages.
     pub fn from_json(text: &str, path: &Path) -> Result<Config> {
-        let cfg: Config = serde_json::from_str(text)
-            .map_err(|e| Error::Config { path: path.into(), msg: e.to_string() })?;
+        let cfg: Config = serde_json::from_str(text).map_err(|e| Error::Config {
+            path: path.into(),
+            msg: e.to_string(),
+        })?;
         cfg.validate(path)?;
         Ok(cfg)
     }
 
     /// Per-head width.
     pub fn head_dim(&self) -> usize {
-        self.head_dim.unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
     /// RoPE base, from whichever key style the file used.
@@ -140,8 +143,18 @@ impl Config {
 
     /// Checks what the engine relies on; `path` names the file in errors.
     pub fn validate(&self, path: &Path) -> Result<()> {
-        let bad = |msg: String| Err(Error::Config { path: path.into(), msg });
-        let unsupported = |msg: String| Err(Error::Unsupported { path: path.into(), msg });
+        let bad = |msg: String| {
+            Err(Error::Config {
+                path: path.into(),
+                msg,
+            })
+        };
+        let unsupported = |msg: String| {
+            Err(Error::Unsupported {
+                path: path.into(),
+                msg,
+            })
+        };
         for (name, v) in [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -155,7 +168,10 @@ impl Config {
                 return bad(format!("{name} must be positive"));
             }
         }
-        if self.vocab_size > (1 << 24) || self.hidden_size > 16_384 || self.intermediate_size > 65_536 {
+        if self.vocab_size > (1 << 24)
+            || self.hidden_size > 16_384
+            || self.intermediate_size > 65_536
+        {
             return bad(format!(
                 "sizes out of range (vocab {}, hidden {}, intermediate {})",
                 self.vocab_size, self.hidden_size, self.intermediate_size
@@ -171,10 +187,16 @@ impl Config {
             ));
         }
         if self.head_dim() % 16 != 0 || self.head_dim() > 512 {
-            return bad(format!("head_dim {} must be a multiple of 16, at most 512", self.head_dim()));
+            return bad(format!(
+                "head_dim {} must be a multiple of 16, at most 512",
+                self.head_dim()
+            ));
         }
         if self.head_dim.is_none() && self.hidden_size % self.num_attention_heads != 0 {
-            return bad("hidden_size is not divisible by num_attention_heads and no head_dim is given".into());
+            return bad(
+                "hidden_size is not divisible by num_attention_heads and no head_dim is given"
+                    .into(),
+            );
         }
         if self.hidden_size % 32 != 0 || self.intermediate_size % 32 != 0 {
             return bad(format!(
@@ -183,11 +205,16 @@ impl Config {
             ));
         }
         if !(self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1e-2) {
-            return bad(format!("rms_norm_eps {} must be in (0, 0.01)", self.rms_norm_eps));
+            return bad(format!(
+                "rms_norm_eps {} must be in (0, 0.01)",
+                self.rms_norm_eps
+            ));
         }
         let theta = self.rope_theta();
         if !(theta.is_finite() && theta > 1.0) {
-            return bad(format!("rope_theta {theta} must be a finite number above 1"));
+            return bad(format!(
+                "rope_theta {theta} must be a finite number above 1"
+            ));
         }
         if let Some(v) = &self.rope_scaling {
             if !v.is_null() {
@@ -196,7 +223,10 @@ impl Config {
         }
         if let Some(r) = &self.rope_parameters {
             if r.rope_type != "default" {
-                return unsupported(format!("rope_parameters.rope_type {:?} (only \"default\")", r.rope_type));
+                return unsupported(format!(
+                    "rope_parameters.rope_type {:?} (only \"default\")",
+                    r.rope_type
+                ));
             }
         }
         if self.attention_bias {
@@ -218,7 +248,10 @@ impl Config {
 
     /// Weight count implied by the config (embedding counted once when tied).
     pub fn num_parameters(&self) -> usize {
-        crate::checkpoint::tensor_specs(self).iter().map(|(_, s)| s.iter().product::<usize>()).sum()
+        crate::checkpoint::tensor_specs(self)
+            .iter()
+            .map(|(_, s)| s.iter().product::<usize>())
+            .sum()
     }
 }
 
@@ -248,7 +281,10 @@ mod tests {
     #[test]
     fn reads_transformers5_keys() {
         let t = QWEN3_06B
-            .replace(r#""rope_theta": 1000000,"#, r#""rope_parameters": {"rope_theta": 500000, "rope_type": "default"},"#)
+            .replace(
+                r#""rope_theta": 1000000,"#,
+                r#""rope_parameters": {"rope_theta": 500000, "rope_type": "default"},"#,
+            )
             .replace("torch_dtype", "dtype");
         let c = Config::from_json(&t, Path::new("c.json")).unwrap();
         assert_eq!(c.rope_theta(), 5e5);
@@ -258,21 +294,43 @@ mod tests {
     #[test]
     fn rejects_what_the_engine_does_not_support() {
         let cases = [
-            (r#""attention_bias": false"#, r#""attention_bias": true"#, "attention_bias"),
-            (r#""rope_scaling": null"#, r#""rope_scaling": {"type": "yarn", "factor": 4}"#, "rope_scaling"),
-            (r#""use_sliding_window": false"#, r#""use_sliding_window": true"#, "use_sliding_window"),
+            (
+                r#""attention_bias": false"#,
+                r#""attention_bias": true"#,
+                "attention_bias",
+            ),
+            (
+                r#""rope_scaling": null"#,
+                r#""rope_scaling": {"type": "yarn", "factor": 4}"#,
+                "rope_scaling",
+            ),
+            (
+                r#""use_sliding_window": false"#,
+                r#""use_sliding_window": true"#,
+                "use_sliding_window",
+            ),
         ];
         for (from, to, word) in cases {
-            let err = Config::from_json(&QWEN3_06B.replace(from, to), Path::new("x.json")).unwrap_err();
+            let err =
+                Config::from_json(&QWEN3_06B.replace(from, to), Path::new("x.json")).unwrap_err();
             assert!(matches!(err, Error::Unsupported { .. }), "{word}: {err}");
             assert!(err.to_string().contains(word), "{err}");
         }
         let gqa = QWEN3_06B.replace(r#""num_key_value_heads": 8"#, r#""num_key_value_heads": 5"#);
         let err = Config::from_json(&gqa, Path::new("x.json")).unwrap_err();
-        assert!(matches!(err, Error::Config { .. }) && err.to_string().contains("GQA"), "{err}");
+        assert!(
+            matches!(err, Error::Config { .. }) && err.to_string().contains("GQA"),
+            "{err}"
+        );
         let eps = QWEN3_06B.replace(r#""rms_norm_eps": 1e-06"#, r#""rms_norm_eps": 0"#);
-        assert!(Config::from_json(&eps, Path::new("x.json")).unwrap_err().to_string().contains("rms_norm_eps"));
+        assert!(Config::from_json(&eps, Path::new("x.json"))
+            .unwrap_err()
+            .to_string()
+            .contains("rms_norm_eps"));
         let err = Config::from_json("{ not json", Path::new("x.json")).unwrap_err();
-        assert!(matches!(err, Error::Config { .. }) && err.to_string().contains("x.json"), "{err}");
+        assert!(
+            matches!(err, Error::Config { .. }) && err.to_string().contains("x.json"),
+            "{err}"
+        );
     }
 }

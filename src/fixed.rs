@@ -51,10 +51,20 @@ pub fn to_fixed(v: f32, q: u32, format: &'static str, name: &str, index: usize) 
     let max = (1u64 << (31 - q)) as f64;
     let x = (v as f64 * (1u64 << q) as f64).round();
     if !v.is_finite() {
-        return Err(Error::NonFinite { name: name.into(), index, value: v });
+        return Err(Error::NonFinite {
+            name: name.into(),
+            index,
+            value: v,
+        });
     }
     if x.abs() > ACT_MAX as f64 {
-        return Err(Error::OutOfRange { name: name.into(), index, value: v, format, max });
+        return Err(Error::OutOfRange {
+            name: name.into(),
+            index,
+            value: v,
+            format,
+            max,
+        });
     }
     Ok(x as i32)
 }
@@ -122,7 +132,10 @@ fn isqrt(v: u64) -> u64 {
 pub fn exp_neg(a: u64, tab: &[u32; 257]) -> u64 {
     let t = a.wrapping_mul(LOG2E_Q30 as u64) >> Q_ONE;
     let (ip, fr) = (t >> 16, t & 0xffff);
-    let (idx, lo) = ((fr >> (16 - EXP2_BITS)) as usize & 255, fr & ((1 << (16 - EXP2_BITS)) - 1));
+    let (idx, lo) = (
+        (fr >> (16 - EXP2_BITS)) as usize & 255,
+        fr & ((1 << (16 - EXP2_BITS)) - 1),
+    );
     if ip >= 31 {
         return 0;
     }
@@ -138,7 +151,11 @@ pub fn exp_neg(a: u64, tab: &[u32; 257]) -> u64 {
 /// silu(g) · u, both Q16.
 pub fn swiglu(g: i32, u: i32, tab: &[u32; 257]) -> i32 {
     let e = exp_neg(g.unsigned_abs() as u64, tab);
-    let sig = if g >= 0 { (1u64 << 60) / ((1u64 << 30) + e) } else { (e << 30) / ((1u64 << 30) + e) };
+    let sig = if g >= 0 {
+        (1u64 << 60) / ((1u64 << 30) + e)
+    } else {
+        (e << 30) / ((1u64 << 30) + e)
+    };
     let silu = rshr(g as i64 * sig as i64, Q_ONE);
     sat32(rshr(silu.wrapping_mul(u as i64), Q_ACT))
 }
@@ -153,7 +170,10 @@ pub fn rmsnorm(x: &[i64], w: &[i32], eps_q64: u64, q_out: u32, y: &mut [i32]) ->
     }
     let maxabs = x.iter().map(|&v| v.unsigned_abs()).max().unwrap_or(0);
     let s = bitlen(maxabs).saturating_sub(24);
-    let ss: u64 = x.iter().map(|&v| (v.unsigned_abs() >> s).pow(2)).fold(0u64, u64::wrapping_add);
+    let ss: u64 = x
+        .iter()
+        .map(|&v| (v.unsigned_abs() >> s).pow(2))
+        .fold(0u64, u64::wrapping_add);
     let v = (ss / n as u64 + if s < 32 { eps_q64 >> (2 * s) } else { 0 }).max(1);
     let e = (62 - bitlen(v)) / 2;
     let r = isqrt(v << (2 * e));
@@ -175,7 +195,12 @@ pub fn q16_to_q32(x: &[i32]) -> Vec<i64> {
 pub fn rope(x: &mut [i32], cos: &[i32], sin: &[i32]) {
     let half = x.len() / 2;
     for i in 0..half {
-        let (a, b, c, s) = (x[i] as i64, x[i + half] as i64, cos[i] as i64, sin[i] as i64);
+        let (a, b, c, s) = (
+            x[i] as i64,
+            x[i + half] as i64,
+            cos[i] as i64,
+            sin[i] as i64,
+        );
         x[i] = sat32(rshr(a * c - b * s, Q_ONE));
         x[i + half] = sat32(rshr(b * c + a * s, Q_ONE));
     }
@@ -183,7 +208,16 @@ pub fn rope(x: &mut [i32], cos: &[i32], sin: &[i32]) {
 
 /// Per-head q_norm / k_norm then RoPE, in place, for the query heads in `q` (Q16 in, Q22 out) and
 /// the key heads in `k` (Q16), each `hd` wide.
-pub fn qk_norm_rope(q: &mut [i32], k: &mut [i32], q_norm: &[i32], k_norm: &[i32], cos: &[i32], sin: &[i32], hd: usize, eps_q64: u64) {
+pub fn qk_norm_rope(
+    q: &mut [i32],
+    k: &mut [i32],
+    q_norm: &[i32],
+    k_norm: &[i32],
+    cos: &[i32],
+    sin: &[i32],
+    hd: usize,
+    eps_q64: u64,
+) {
     for (heads, w, q_out) in [(q, q_norm, Q_Q), (k, k_norm, Q_ACT)] {
         for h in heads.chunks_exact_mut(hd) {
             let x = q16_to_q32(h);
@@ -196,7 +230,9 @@ pub fn qk_norm_rope(q: &mut [i32], k: &mut [i32], q_norm: &[i32], k_norm: &[i32]
 /// `Σ w[j] x[j]`, Q24 × Q16 → Q40, wrapping like the kernel's s64.
 #[inline(always)]
 pub fn dot_q24(w: &[i32], x: &[i32]) -> i64 {
-    w.iter().zip(x).fold(0i64, |acc, (&a, &b)| acc.wrapping_add(a as i64 * b as i64))
+    w.iter()
+        .zip(x)
+        .fold(0i64, |acc, (&a, &b)| acc.wrapping_add(a as i64 * b as i64))
 }
 
 /// `y[r] = sat(round(W[r]·x / 2^24))` (Q16) for r in `rows`; W is `[rows][k]` Q24, k = x.len().
@@ -211,12 +247,22 @@ pub fn matvec(w: &[i32], x: &[i32], rows: std::ops::Range<usize>, y: &mut [i32])
 pub fn matvec_residual(w: &[i32], x: &[i32], rows: std::ops::Range<usize>, y: &mut [i64]) {
     let k = x.len();
     for r in rows {
-        y[r] = sat_res(y[r].wrapping_add(rshr(dot_q24(&w[r * k..(r + 1) * k], x), Q_W + Q_ACT - Q_RES)));
+        y[r] = sat_res(y[r].wrapping_add(rshr(
+            dot_q24(&w[r * k..(r + 1) * k], x),
+            Q_W + Q_ACT - Q_RES,
+        )));
     }
 }
 
 /// The fused MLP half: `y[r] = silu(gate[r]·x) * (up[r]·x)` for r in `rows`.
-pub fn gate_up_swiglu(gate: &[i32], up: &[i32], x: &[i32], rows: std::ops::Range<usize>, tab: &[u32; 257], y: &mut [i32]) {
+pub fn gate_up_swiglu(
+    gate: &[i32],
+    up: &[i32],
+    x: &[i32],
+    rows: std::ops::Range<usize>,
+    tab: &[u32; 257],
+    y: &mut [i32],
+) {
     let k = x.len();
     for r in rows {
         let g = sat32(rshr(dot_q24(&gate[r * k..(r + 1) * k], x), Q_W));
@@ -226,7 +272,12 @@ pub fn gate_up_swiglu(gate: &[i32], up: &[i32], x: &[i32], rows: std::ops::Range
 }
 
 /// Logits for `rows` (written into `y` when given) and their argmax (first on ties).
-pub fn lm_head_argmax(w: &[i32], x: &[i32], rows: std::ops::Range<usize>, mut y: Option<&mut [i32]>) -> (usize, i32) {
+pub fn lm_head_argmax(
+    w: &[i32],
+    x: &[i32],
+    rows: std::ops::Range<usize>,
+    mut y: Option<&mut [i32]>,
+) -> (usize, i32) {
     let k = x.len();
     let (mut best, mut best_val) = (rows.start, i64::from(-ACT_MAX) - 1);
     for r in rows {
@@ -259,7 +310,18 @@ pub struct AttnShape {
 /// then `out[h] = softmax(q_h·K / sqrt(hd)) V` for each query head. Mirrors `attention` in
 /// ops.bpf.c step for step.
 #[allow(clippy::too_many_arguments)]
-pub fn attention(q: &[i32], k: &[i32], v: &[i32], k_cache: &mut [i32], v_cache: &mut [i32], pos: usize, s: AttnShape, scale_q22: i32, tab: &[u32; 257], out: &mut [i32]) {
+pub fn attention(
+    q: &[i32],
+    k: &[i32],
+    v: &[i32],
+    k_cache: &mut [i32],
+    v_cache: &mut [i32],
+    pos: usize,
+    s: AttnShape,
+    scale_q22: i32,
+    tab: &[u32; 257],
+    out: &mut [i32],
+) {
     let (hd, kvd) = (s.hd, s.n_kv * s.hd);
     k_cache[pos * kvd..(pos + 1) * kvd].copy_from_slice(k);
     v_cache[pos * kvd..(pos + 1) * kvd].copy_from_slice(v);
@@ -273,7 +335,10 @@ pub fn attention(q: &[i32], k: &[i32], v: &[i32], k_cache: &mut [i32], v_cache: 
         let mut m = -ACT_MAX;
         for (t, pt) in p.iter_mut().enumerate() {
             let kt = &k_cache[t * kvd + kvh * hd..t * kvd + (kvh + 1) * hd];
-            let dot = qh.iter().zip(kt).fold(0i64, |a, (&x, &y)| a.wrapping_add(x as i64 * y as i64));
+            let dot = qh
+                .iter()
+                .zip(kt)
+                .fold(0i64, |a, (&x, &y)| a.wrapping_add(x as i64 * y as i64));
             let sc = rshr(dot, Q_Q).clamp(-(1 << 40), 1 << 40);
             let sc = sat32(rshr(sc * scale_q22 as i64, Q_SCALE)) as i64;
             *pt = sc as i32 as u32;

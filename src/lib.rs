@@ -5,7 +5,7 @@
 //! fixed-point integers; Rust does the tokenizer, weight loading and conversion, and scheduling.
 //!
 //! Layout: [`config`] and [`checkpoint`] read Hugging Face directories, [`synth`] writes synthetic
-//! ones, [`reference`] is the f32 ground truth, [`tokenizer`] wraps `tokenizers`, [`kernel`] is the
+//! ones, [`mod@reference`] is the f32 ground truth, [`tokenizer`] wraps `tokenizers`, [`kernel`] is the
 //! BPF side.
 #![warn(missing_docs)]
 
@@ -33,9 +33,11 @@ pub use store::Backend;
 pub(crate) fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{msg:>6} [{bar:40}] {percent:>3}% {elapsed_precise} eta {eta}")
-            .expect("static template")
-            .progress_chars("=> "),
+        indicatif::ProgressStyle::with_template(
+            "{msg:>6} [{bar:40}] {percent:>3}% {elapsed_precise} eta {eta}",
+        )
+        .expect("static template")
+        .progress_chars("=> "),
     );
     bar.set_message(what.to_string());
     bar

@@ -1,8 +1,10 @@
 //! `Model`: a Qwen3 checkpoint whose forward pass runs as BPF programs over a [`WeightStore`].
 //!
-//! [`Model::forward`] is one flat pass, numbered like `modeling_qwen3.py`; every step is one BPF
-//! run (`test_run` of a `SEC("syscall")` program) over whole vectors or matrices, so a token
-//! costs 8 runs per layer plus 3: 227 at the Qwen3-0.6B shape.
+//! `Model::step`, behind [`Model::forward`] and [`Model::next_token`], is one flat pass, numbered like `modeling_qwen3.py`; every step is one BPF run
+//! (`test_run` of a `SEC("syscall")` program) over whole vectors or matrices, so a token costs 8
+//! runs per layer plus 3 with the resident Q24 store on one thread: 227 at the Qwen3-0.6B shape.
+//! Row-splitting the largest operators across threads adds one run per extra thread each; the
+//! low-bit stores add activation quantisation runs, the arena-batch store one run per window.
 
 use std::path::{Path, PathBuf};
 
@@ -30,8 +32,16 @@ pub struct ModelOptions {
 
 impl Default for ModelOptions {
     fn default() -> Self {
-        let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-        ModelOptions { backend: Backend::Q24, max_context: 2048, cache_dir: None, progress: false, threads: cpus.min(2) }
+        let cpus = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1);
+        ModelOptions {
+            backend: Backend::Q24,
+            max_context: 2048,
+            cache_dir: None,
+            progress: false,
+            threads: cpus.min(2),
+        }
     }
 }
 
@@ -56,17 +66,17 @@ impl KernelMemory {
 /// Arena buffers of the forward pass.
 #[derive(Debug)]
 struct Buffers {
-    x: Region,      // i64 Q32 [hidden]: the residual stream
-    xn: Region,     // i32 Q16 [hidden]: RMSNorm output
-    qkv: Region,    // i32 Q16 [q_dim + 2 kv_dim]: q, k, v of this position
-    att: Region,    // i32 Q16 [q_dim]: attention output
-    mlp: Region,    // i32 Q16 [intermediate]: silu(gate) * up
-    logits: Region, // i32 Q16 [vocab]
-    probs: Region,  // u32 Q30 [n_q][max_ctx]: attention scratch
-    acc: Region,    // i64 [n_q][head_dim]: attention scratch
-    exp2: Region,   // u32 Q30 [257]
-    cos: Region,    // i32 Q30 [max_ctx][head_dim/2]
-    sin: Region,    // i32 Q30 [max_ctx][head_dim/2]
+    x: Region,            // i64 Q32 [hidden]: the residual stream
+    xn: Region,           // i32 Q16 [hidden]: RMSNorm output
+    qkv: Region,          // i32 Q16 [q_dim + 2 kv_dim]: q, k, v of this position
+    att: Region,          // i32 Q16 [q_dim]: attention output
+    mlp: Region,          // i32 Q16 [intermediate]: silu(gate) * up
+    logits: Region,       // i32 Q16 [vocab]
+    probs: Region,        // u32 Q30 [n_q][max_ctx]: attention scratch
+    acc: Region,          // i64 [n_q][head_dim]: attention scratch
+    exp2: Region,         // u32 Q30 [257]
+    cos: Region,          // i32 Q30 [max_ctx][head_dim/2]
+    sin: Region,          // i32 Q30 [max_ctx][head_dim/2]
     k_cache: Vec<Region>, // per layer i32 Q16 [max_ctx][kv_dim]
     v_cache: Vec<Region>,
 }
@@ -98,14 +108,27 @@ fn scratch_plan(cfg: &Config, max_ctx: usize) -> (usize, usize) {
 /// `MemAvailable` of `/proc/meminfo` in bytes: memory the kernel can hand out without swapping.
 pub fn mem_available() -> Option<usize> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kb = text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?.trim().strip_suffix("kB")?.trim().parse::<usize>().ok()?;
+    let kb = text
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse::<usize>()
+        .ok()?;
     kb.checked_mul(1024)
 }
 
 /// Refuses an arena of `weights + kv + scratch` bytes (the KV cache sized for `max_context`) that
 /// the machine's `available` memory cannot hold; `None` (unknown) passes. Arena pages are
 /// kernel memory that cannot be swapped, so this runs before anything is converted or loaded.
-pub fn check_memory(weights: usize, kv: usize, scratch: usize, max_context: usize, available: Option<usize>) -> Result<()> {
+pub fn check_memory(
+    weights: usize,
+    kv: usize,
+    scratch: usize,
+    max_context: usize,
+    available: Option<usize>,
+) -> Result<()> {
     let need = weights.saturating_add(kv).saturating_add(scratch);
     match available {
         Some(avail) if need > avail => Err(Error::Resources {
@@ -133,7 +156,11 @@ pub struct Model {
 
 impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Model").field("store", &self.store.name()).field("pos", &self.pos).field("memory", &self.memory).finish()
+        f.debug_struct("Model")
+            .field("store", &self.store.name())
+            .field("pos", &self.pos)
+            .field("memory", &self.memory)
+            .finish()
     }
 }
 
@@ -166,7 +193,9 @@ impl Model {
         }
         let (scratch, kv) = scratch_plan(&cfg, opts.max_context);
         let weights_estimate = cfg.num_parameters() * 4;
-        if scratch + kv > MAX_ARENA_BYTES || (opts.backend == Backend::Q24 && scratch + kv + weights_estimate > MAX_ARENA_BYTES) {
+        if scratch + kv > MAX_ARENA_BYTES
+            || (opts.backend == Backend::Q24 && scratch + kv + weights_estimate > MAX_ARENA_BYTES)
+        {
             return Err(Error::Resources {
                 msg: format!(
                     "{} weights + {kv} KV cache (max_context {}) + {scratch} scratch bytes exceed the {MAX_ARENA_BYTES}-byte BPF arena limit",
@@ -175,13 +204,21 @@ impl Model {
                 ),
             });
         }
-        let weights_need = if opts.backend == Backend::Q24 { weights_estimate } else { 0 };
+        let weights_need = if opts.backend == Backend::Q24 {
+            weights_estimate
+        } else {
+            0
+        };
         check_memory(weights_need, kv, scratch, opts.max_context, mem_available())?;
         let cache_dir = opts.cache_dir.clone().unwrap_or_else(|| dir.to_path_buf());
         let mut store = opts.backend.open(&ck, &cache_dir, opts.progress)?;
         drop(ck);
         let weights = store.arena_bytes().div_ceil(PAGE) * PAGE;
-        let memory = KernelMemory { weights, kv_cache: kv, scratch };
+        let memory = KernelMemory {
+            weights,
+            kv_cache: kv,
+            scratch,
+        };
         if memory.total() > MAX_ARENA_BYTES {
             return Err(Error::Resources {
                 msg: format!("{weights} weight + {kv} KV + {scratch} scratch bytes exceed the {MAX_ARENA_BYTES}-byte BPF arena limit"),
@@ -221,10 +258,15 @@ impl Model {
             exp2: a.alloc(257 * 4, "exp2 table")?,
             cos: a.alloc(max_ctx * hd / 2 * 4, "RoPE cos")?,
             sin: a.alloc(max_ctx * hd / 2 * 4, "RoPE sin")?,
-            k_cache: (0..cfg.num_hidden_layers).map(|_| a.alloc(max_ctx * cfg.kv_dim() * 4, "K cache")).collect::<Result<_>>()?,
-            v_cache: (0..cfg.num_hidden_layers).map(|_| a.alloc(max_ctx * cfg.kv_dim() * 4, "V cache")).collect::<Result<_>>()?,
+            k_cache: (0..cfg.num_hidden_layers)
+                .map(|_| a.alloc(max_ctx * cfg.kv_dim() * 4, "K cache"))
+                .collect::<Result<_>>()?,
+            v_cache: (0..cfg.num_hidden_layers)
+                .map(|_| a.alloc(max_ctx * cfg.kv_dim() * 4, "V cache"))
+                .collect::<Result<_>>()?,
         };
-        a.slice_mut::<u32>(b.exp2).copy_from_slice(&fixed::exp2_table());
+        a.slice_mut::<u32>(b.exp2)
+            .copy_from_slice(&fixed::exp2_table());
         let (cos, sin) = fixed::rope_tables(cfg.rope_theta(), hd, max_ctx);
         a.slice_mut::<i32>(b.cos).copy_from_slice(&cos);
         a.slice_mut::<i32>(b.sin).copy_from_slice(&sin);
@@ -268,7 +310,11 @@ impl Model {
 
     /// Feeds `token` and returns the next-token logits (`vocab_size` f32, converted from Q16).
     pub fn forward(&mut self, token: u32) -> Result<Vec<f32>> {
-        Ok(self.forward_fixed(token)?.into_iter().map(|v| fixed::from_fixed(v, fixed::Q_ACT)).collect())
+        Ok(self
+            .forward_fixed(token)?
+            .into_iter()
+            .map(|v| fixed::from_fixed(v, fixed::Q_ACT))
+            .collect())
     }
 
     /// Feeds `token` and returns the logits exactly as the kernel computed them (Q16).
@@ -293,11 +339,18 @@ impl Model {
             return Err(Error::EmptyPrompt);
         };
         let vocab = self.cfg.vocab_size;
-        if let Some((index, &id)) = tokens.iter().enumerate().find(|&(_, &t)| t as usize >= vocab) {
+        if let Some((index, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|&(_, &t)| t as usize >= vocab)
+        {
             return Err(Error::TokenOutOfRange { id, index, vocab });
         }
         if tokens.len() > self.max_context - self.pos {
-            return Err(Error::ContextOverflow { pos: self.max_context, max_context: self.max_context });
+            return Err(Error::ContextOverflow {
+                pos: self.max_context,
+                max_context: self.max_context,
+            });
         }
         for &t in head {
             self.step(t, false)?;
@@ -309,20 +362,37 @@ impl Model {
     fn step(&mut self, token: u32, want_logits: bool) -> Result<(usize, i32)> {
         let c = &self.cfg;
         if token as usize >= c.vocab_size {
-            return Err(Error::TokenOutOfRange { id: token, index: self.pos, vocab: c.vocab_size });
+            return Err(Error::TokenOutOfRange {
+                id: token,
+                index: self.pos,
+                vocab: c.vocab_size,
+            });
         }
         if self.pos >= self.max_context {
-            return Err(Error::ContextOverflow { pos: self.pos, max_context: self.max_context });
+            return Err(Error::ContextOverflow {
+                pos: self.pos,
+                max_context: self.max_context,
+            });
         }
         let (h, hd, pos, eps) = (c.hidden_size, c.head_dim(), self.pos, self.eps_q64);
-        let (nq, nkv, qd, kvd) = (c.num_attention_heads, c.num_key_value_heads, c.q_dim(), c.kv_dim());
+        let (nq, nkv, qd, kvd) = (
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.q_dim(),
+            c.kv_dim(),
+        );
         let (ops, store, b) = (&mut self.ops, &mut self.store, &self.b);
         let q = b.qkv.sub(0, qd * 4); // [n_q][hd]
         let k = b.qkv.sub(qd * 4, kvd * 4); // [n_kv][hd]
         let v = b.qkv.sub((qd + kvd) * 4, kvd * 4); // [n_kv][hd]
         let cos = b.cos.sub(pos * hd / 2 * 4, hd / 2 * 4); // [hd/2] at pos
         let sin = b.sin.sub(pos * hd / 2 * 4, hd / 2 * 4);
-        let shape = AttnShape { n_q: nq, n_kv: nkv, hd, max_ctx: self.max_context };
+        let shape = AttnShape {
+            n_q: nq,
+            n_kv: nkv,
+            hd,
+            max_ctx: self.max_context,
+        };
 
         // 0. x = embed_tokens[token]                                   x [hidden]
         store.embed(ops, token, b.x)?;
@@ -330,16 +400,52 @@ impl Model {
             // 1. xn = RMSNorm(x; input_layernorm)                      xn [hidden]
             ops.rmsnorm(b.x, true, store.norm(Norm::Input(l)), b.xn, h, 1, eps)?;
             // 2. q, k, v = q_proj·xn, k_proj·xn, v_proj·xn (one matrix) qkv [q_dim + 2 kv_dim]
-            store.matvec(ops, Linear::Qkv(l), b.xn, b.qkv, 0..linear_rows(c, Linear::Qkv(l)), false)?;
+            store.matvec(
+                ops,
+                Linear::Qkv(l),
+                b.xn,
+                b.qkv,
+                0..linear_rows(c, Linear::Qkv(l)),
+                false,
+            )?;
             // 3. per-head q_norm / k_norm, then RoPE at pos            q [n_q][hd], k [n_kv][hd]
-            ops.qk_norm_rope(q, k, store.norm(Norm::Q(l)), store.norm(Norm::K(l)), cos, sin, nq, nkv, hd, eps)?;
+            ops.qk_norm_rope(
+                q,
+                k,
+                store.norm(Norm::Q(l)),
+                store.norm(Norm::K(l)),
+                cos,
+                sin,
+                nq,
+                nkv,
+                hd,
+                eps,
+            )?;
             // 4. append k, v to the cache; causal GQA attention        att [q_dim]
-            let ab = AttentionBuffers { q, k, v, k_cache: b.k_cache[l], v_cache: b.v_cache[l], probs: b.probs, acc: b.acc, out: b.att, exp2: b.exp2 };
+            let ab = AttentionBuffers {
+                q,
+                k,
+                v,
+                k_cache: b.k_cache[l],
+                v_cache: b.v_cache[l],
+                probs: b.probs,
+                acc: b.acc,
+                out: b.att,
+                exp2: b.exp2,
+            };
             ops.attention(&ab, pos, shape, self.scale_q22)?;
             // 5. x += o_proj · att                                     x [hidden]
             store.matvec(ops, Linear::O(l), b.att, b.x, 0..h, true)?;
             // 6. xn = RMSNorm(x; post_attention_layernorm)             xn [hidden]
-            ops.rmsnorm(b.x, true, store.norm(Norm::PostAttention(l)), b.xn, h, 1, eps)?;
+            ops.rmsnorm(
+                b.x,
+                true,
+                store.norm(Norm::PostAttention(l)),
+                b.xn,
+                h,
+                1,
+                eps,
+            )?;
             // 7. mlp = silu(gate_proj · xn) * (up_proj · xn)           mlp [intermediate]
             store.gate_up_swiglu(ops, l, b.xn, b.mlp, b.exp2, 0..c.intermediate_size)?;
             // 8. x += down_proj · mlp                                  x [hidden]

@@ -236,7 +236,11 @@ impl Format {
                         max: u32::MAX as f64 / one * cmax,
                     });
                 }
-                let (s, lo) = if self.bits == 4 { mse_scale(grp, s, one) } else { (s, -cmax) };
+                let (s, lo) = if self.bits == 4 {
+                    mse_scale(grp, s, one)
+                } else {
+                    (s, -cmax)
+                };
                 scales[r * (cols / GROUP) + g] = s as u32;
                 if s > 0.0 {
                     for (c, &v) in codes[base..base + GROUP].iter_mut().zip(grp) {
@@ -588,11 +592,17 @@ pub fn matvec_quantized<M: PackedMatrix>(m: &M, xq: &QuantX, rows: Range<usize>,
 ///
 /// # Panics
 /// As [`matvec_quantized`].
-pub fn matvec_quantized_residual<M: PackedMatrix>(m: &M, xq: &QuantX, rows: Range<usize>, y: &mut [i64]) {
+pub fn matvec_quantized_residual<M: PackedMatrix>(
+    m: &M,
+    xq: &QuantX,
+    rows: Range<usize>,
+    y: &mut [i64],
+) {
     check_run(m, xq, &rows);
     for r0 in rows.step_by(M::FORMAT.rows_per_block) {
         for (l, acc) in block_sums(m, xq, r0).into_iter().enumerate() {
-            y[r0 + l] = sat_res(y[r0 + l].wrapping_add(rshr(acc as i64, SCALE_SHIFT - (Q_RES - Q_ACT))));
+            y[r0 + l] =
+                sat_res(y[r0 + l].wrapping_add(rshr(acc as i64, SCALE_SHIFT - (Q_RES - Q_ACT))));
         }
     }
 }

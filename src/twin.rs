@@ -51,57 +51,115 @@ impl TwinModel {
     pub fn forward(&mut self, token: u32) -> Result<(Vec<i32>, usize)> {
         let c = self.cfg.clone();
         if token as usize >= c.vocab_size {
-            return Err(Error::TokenOutOfRange { id: token, index: self.pos, vocab: c.vocab_size });
+            return Err(Error::TokenOutOfRange {
+                id: token,
+                index: self.pos,
+                vocab: c.vocab_size,
+            });
         }
         if self.pos >= self.max_ctx {
-            return Err(Error::ContextOverflow { pos: self.pos, max_context: self.max_ctx });
+            return Err(Error::ContextOverflow {
+                pos: self.pos,
+                max_context: self.max_ctx,
+            });
         }
         let (h, hd, pos) = (c.hidden_size, c.head_dim(), self.pos);
         let (qd, kvd, ffn) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
         let eps = fixed::eps_q64(c.rms_norm_eps);
         let scale = fixed::attn_scale_q22(hd);
-        let shape = AttnShape { n_q: c.num_attention_heads, n_kv: c.num_key_value_heads, hd, max_ctx: self.max_ctx };
-        let (cos, sin) = (&self.cos[pos * hd / 2..(pos + 1) * hd / 2], &self.sin[pos * hd / 2..(pos + 1) * hd / 2]);
+        let shape = AttnShape {
+            n_q: c.num_attention_heads,
+            n_kv: c.num_key_value_heads,
+            hd,
+            max_ctx: self.max_ctx,
+        };
+        let (cos, sin) = (
+            &self.cos[pos * hd / 2..(pos + 1) * hd / 2],
+            &self.sin[pos * hd / 2..(pos + 1) * hd / 2],
+        );
 
         let mut x = vec![0i64; h]; // [hidden] the Q32 residual stream
         let mut xn = vec![0i32; h]; // [hidden]
         let mut qkv = vec![0i32; qd + 2 * kvd]; // [q_dim + 2 kv_dim]
         let mut att = vec![0i32; qd]; // [q_dim]
         let mut mlp = vec![0i32; ffn]; // [intermediate]
-        // 0. x = embed_tokens[token]
-        fixed::embed(self.t("model.embed_tokens.weight")?, token as usize, h, &mut x);
+                                       // 0. x = embed_tokens[token]
+        fixed::embed(
+            self.t("model.embed_tokens.weight")?,
+            token as usize,
+            h,
+            &mut x,
+        );
         for l in 0..c.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let t = |n: &str| self.w.i32s(&format!("{p}.{n}"));
             // 1. xn = RMSNorm(x; input_layernorm)
             fixed::rmsnorm(&x, t("input_layernorm.weight")?, eps, fixed::Q_ACT, &mut xn);
             // 2. q, k, v (the three matrices are consecutive in the cache, like the arena)
-            let (wq, wk, wv) = (t("self_attn.q_proj.weight")?, t("self_attn.k_proj.weight")?, t("self_attn.v_proj.weight")?);
+            let (wq, wk, wv) = (
+                t("self_attn.q_proj.weight")?,
+                t("self_attn.k_proj.weight")?,
+                t("self_attn.v_proj.weight")?,
+            );
             fixed::matvec(wq, &xn, 0..qd, &mut qkv[..qd]);
             fixed::matvec(wk, &xn, 0..kvd, &mut qkv[qd..qd + kvd]);
             fixed::matvec(wv, &xn, 0..kvd, &mut qkv[qd + kvd..]);
             // 3. q_norm / k_norm, RoPE
             let (q, kv) = qkv.split_at_mut(qd);
             let (k, v) = kv.split_at_mut(kvd);
-            fixed::qk_norm_rope(q, k, t("self_attn.q_norm.weight")?, t("self_attn.k_norm.weight")?, cos, sin, hd, eps);
+            fixed::qk_norm_rope(
+                q,
+                k,
+                t("self_attn.q_norm.weight")?,
+                t("self_attn.k_norm.weight")?,
+                cos,
+                sin,
+                hd,
+                eps,
+            );
             // 4. attention
             let (kc, vc) = (&mut self.k_cache[l], &mut self.v_cache[l]);
             fixed::attention(q, k, v, kc, vc, pos, shape, scale, &self.exp2, &mut att);
             // 5. x += o_proj · att
-            fixed::matvec_residual(self.w.i32s(&format!("{p}.self_attn.o_proj.weight"))?, &att, 0..h, &mut x);
+            fixed::matvec_residual(
+                self.w.i32s(&format!("{p}.self_attn.o_proj.weight"))?,
+                &att,
+                0..h,
+                &mut x,
+            );
             // 6. xn = RMSNorm(x; post_attention_layernorm)
-            fixed::rmsnorm(&x, self.w.i32s(&format!("{p}.post_attention_layernorm.weight"))?, eps, fixed::Q_ACT, &mut xn);
+            fixed::rmsnorm(
+                &x,
+                self.w
+                    .i32s(&format!("{p}.post_attention_layernorm.weight"))?,
+                eps,
+                fixed::Q_ACT,
+                &mut xn,
+            );
             // 7. mlp = silu(gate · xn) * (up · xn)
-            let (g, u) = (self.w.i32s(&format!("{p}.mlp.gate_proj.weight"))?, self.w.i32s(&format!("{p}.mlp.up_proj.weight"))?);
+            let (g, u) = (
+                self.w.i32s(&format!("{p}.mlp.gate_proj.weight"))?,
+                self.w.i32s(&format!("{p}.mlp.up_proj.weight"))?,
+            );
             fixed::gate_up_swiglu(g, u, &xn, 0..ffn, &self.exp2, &mut mlp);
             // 8. x += down_proj · mlp
-            fixed::matvec_residual(self.w.i32s(&format!("{p}.mlp.down_proj.weight"))?, &mlp, 0..h, &mut x);
+            fixed::matvec_residual(
+                self.w.i32s(&format!("{p}.mlp.down_proj.weight"))?,
+                &mlp,
+                0..h,
+                &mut x,
+            );
         }
         // 9. final norm; 10. LM head and argmax
         fixed::rmsnorm(&x, self.t("model.norm.weight")?, eps, fixed::Q_ACT, &mut xn);
-        let head = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+        let head = if c.tie_word_embeddings {
+            "model.embed_tokens.weight"
+        } else {
+            "lm_head.weight"
+        };
         let mut logits = vec![0i32; c.vocab_size];
-        let (best, _) = fixed::lm_head_argmax(self.t(head)?, &xn, 0..c.vocab_size, Some(&mut logits));
+        let (best, _) =
+            fixed::lm_head_argmax(self.t(head)?, &xn, 0..c.vocab_size, Some(&mut logits));
         self.pos += 1;
         Ok((logits, best))
     }

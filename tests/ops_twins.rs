@@ -29,8 +29,16 @@ fn ops() -> Ops {
 }
 
 fn put<T: bytemuck::Pod>(o: &mut Ops, data: &[T]) -> Region {
-    let r = o.arena.alloc(std::mem::size_of_val(data).max(8), "test data").unwrap();
-    o.arena.slice_mut::<T>(Region { len: std::mem::size_of_val(data), ..r }).copy_from_slice(data);
+    let r = o
+        .arena
+        .alloc(std::mem::size_of_val(data).max(8), "test data")
+        .unwrap();
+    o.arena
+        .slice_mut::<T>(Region {
+            len: std::mem::size_of_val(data),
+            ..r
+        })
+        .copy_from_slice(data);
     r
 }
 
@@ -49,41 +57,101 @@ const EPS: f64 = 1e-6;
 fn formats_agree_between_fixed_h_and_fixed_rs() {
     let f = ops().formats().unwrap();
     assert_eq!(
-        (f.q_act, f.q_w, f.q_norm, f.q_nrm, f.q_one, f.q_scale, f.exp2_bits),
-        (fixed::Q_ACT, fixed::Q_W, fixed::Q_NORM, fixed::Q_NRM, fixed::Q_ONE, fixed::Q_SCALE, fixed::EXP2_BITS),
+        (
+            f.q_act,
+            f.q_w,
+            f.q_norm,
+            f.q_nrm,
+            f.q_one,
+            f.q_scale,
+            f.exp2_bits
+        ),
+        (
+            fixed::Q_ACT,
+            fixed::Q_W,
+            fixed::Q_NORM,
+            fixed::Q_NRM,
+            fixed::Q_ONE,
+            fixed::Q_SCALE,
+            fixed::EXP2_BITS
+        ),
         "Q formats in src/bpf/fixed.h vs src/fixed.rs"
     );
-    assert_eq!((f.log2e_q30, f.act_max), (fixed::LOG2E_Q30, fixed::ACT_MAX), "LOG2E_Q30 and ACT_MAX");
-    assert_eq!((f.q_res, f.res_max, f.q_q), (fixed::Q_RES, fixed::RES_MAX, fixed::Q_Q), "Q_RES, RES_MAX and Q_Q");
+    assert_eq!(
+        (f.log2e_q30, f.act_max),
+        (fixed::LOG2E_Q30, fixed::ACT_MAX),
+        "LOG2E_Q30 and ACT_MAX"
+    );
+    assert_eq!(
+        (f.q_res, f.res_max, f.q_q),
+        (fixed::Q_RES, fixed::RES_MAX, fixed::Q_Q),
+        "Q_RES, RES_MAX and Q_Q"
+    );
 }
 
 #[test]
 fn matvec_matches_twin_including_residual_add_and_saturation() {
     let mut o = ops();
     let mut rng = Rng(1);
-    for (rows, k, wmax, xmax) in [(64, 1024, 1 << 22, 1 << 18), (96, 3072, 1 << 24, 1 << 24), (8, 32, (1 << 31) - 1, (1 << 31) - 1)] {
+    for (rows, k, wmax, xmax) in [
+        (64, 1024, 1 << 22, 1 << 18),
+        (96, 3072, 1 << 24, 1 << 24),
+        (8, 32, (1 << 31) - 1, (1 << 31) - 1),
+    ] {
         let w = rng.vec(rows * k, wmax);
         let x = rng.vec(k, xmax);
         let (rw, rx) = (put(&mut o, &w), put(&mut o, &x));
         // y = W x (Q16), in two row ranges (w pointing at each range's first row)
         let ry = o.arena.alloc(rows * 4, "y").unwrap();
-        o.matvec(rows_of(rw, k, 0..rows / 2), rx, ry, k, 0..rows / 2, false).unwrap();
-        o.matvec(rows_of(rw, k, rows / 2..rows), rx, ry, k, rows / 2..rows, false).unwrap();
+        o.matvec(rows_of(rw, k, 0..rows / 2), rx, ry, k, 0..rows / 2, false)
+            .unwrap();
+        o.matvec(
+            rows_of(rw, k, rows / 2..rows),
+            rx,
+            ry,
+            k,
+            rows / 2..rows,
+            false,
+        )
+        .unwrap();
         let mut want = vec![0; rows];
         fixed::matvec(&w, &x, 0..rows, &mut want);
-        assert_eq!(get(&o, ry, rows), want, "matvec {rows}x{k} in two row ranges: BPF vs twin");
+        assert_eq!(
+            get(&o, ry, rows),
+            want,
+            "matvec {rows}x{k} in two row ranges: BPF vs twin"
+        );
         // and split across two threads inside Ops (large enough to be split)
         o.set_threads(2);
         let ry2 = o.arena.alloc(rows * 4, "y2").unwrap();
         o.matvec(rw, rx, ry2, k, 0..rows, false).unwrap();
         o.set_threads(1);
-        assert_eq!(get(&o, ry2, rows), want, "matvec {rows}x{k} on two threads: BPF vs twin");
+        assert_eq!(
+            get(&o, ry2, rows),
+            want,
+            "matvec {rows}x{k} on two threads: BPF vs twin"
+        );
         // residual add into an i64 Q32 stream, including values next to the saturation bound
-        let mut res: Vec<i64> = (0..rows).map(|i| if i % 4 == 0 { fixed::RES_MAX - 5 } else { rng.sym(1 << 30) as i64 * 4096 }).collect();
+        let mut res: Vec<i64> = (0..rows)
+            .map(|i| {
+                if i % 4 == 0 {
+                    fixed::RES_MAX - 5
+                } else {
+                    rng.sym(1 << 30) as i64 * 4096
+                }
+            })
+            .collect();
         let rres = put(&mut o, &res);
         o.matvec(rw, rx, rres, k, 0..rows, true).unwrap();
         fixed::matvec_residual(&w, &x, 0..rows, &mut res);
-        assert_eq!(o.arena.slice::<i64>(Region { len: rows * 8, ..rres }), &res[..], "residual add {rows}x{k}: BPF vs twin");
+        assert_eq!(
+            o.arena.slice::<i64>(Region {
+                len: rows * 8,
+                ..rres
+            }),
+            &res[..],
+            "residual add {rows}x{k}: BPF vs twin"
+        );
     }
 }
 
@@ -107,20 +175,41 @@ fn rmsnorm_matches_twin_wide_and_per_head_with_large_weights() {
         o.rmsnorm(rx, false, rw, ry, n, nvec, eps).unwrap();
         let mut want = vec![0; n * nvec];
         for (xv, yv) in x.chunks(n).zip(want.chunks_mut(n)) {
-            assert!(fixed::rmsnorm(&fixed::q16_to_q32(xv), &w, eps, fixed::Q_ACT, yv));
+            assert!(fixed::rmsnorm(
+                &fixed::q16_to_q32(xv),
+                &w,
+                eps,
+                fixed::Q_ACT,
+                yv
+            ));
         }
-        assert_eq!(get(&o, ry, n * nvec), want, "rmsnorm (Q16 input) n={n} nvec={nvec} |x|<={xmax} |w|<={wmax}: BPF vs twin");
+        assert_eq!(
+            get(&o, ry, n * nvec),
+            want,
+            "rmsnorm (Q16 input) n={n} nvec={nvec} |x|<={xmax} |w|<={wmax}: BPF vs twin"
+        );
     }
     // the wide (i64 Q32 residual) form, from tiny to saturated values
-    for (n, xmax) in [(1024usize, 1i64 << 26), (64, 1 << 40), (1024, fixed::RES_MAX), (16, 7)] {
-        let x: Vec<i64> = (0..n).map(|_| ((rng.next() % (2 * xmax as u64 + 1)) as i64).wrapping_sub(xmax)).collect();
+    for (n, xmax) in [
+        (1024usize, 1i64 << 26),
+        (64, 1 << 40),
+        (1024, fixed::RES_MAX),
+        (16, 7),
+    ] {
+        let x: Vec<i64> = (0..n)
+            .map(|_| ((rng.next() % (2 * xmax as u64 + 1)) as i64).wrapping_sub(xmax))
+            .collect();
         let w = rng.vec(n, 4 << 20);
         let (rx, rw) = (put(&mut o, &x), put(&mut o, &w));
         let ry = o.arena.alloc(n * 4, "y").unwrap();
         o.rmsnorm(rx, true, rw, ry, n, 1, eps).unwrap();
         let mut want = vec![0; n];
         assert!(fixed::rmsnorm(&x, &w, eps, fixed::Q_ACT, &mut want));
-        assert_eq!(get(&o, ry, n), want, "rmsnorm (Q32 residual input) n={n} |x|<={xmax}: BPF vs twin");
+        assert_eq!(
+            get(&o, ry, n),
+            want,
+            "rmsnorm (Q32 residual input) n={n} |x|<={xmax}: BPF vs twin"
+        );
     }
     // all-zero input: defined output (zeros), no division by zero
     let z = put(&mut o, &[0i32; 64]);
@@ -143,7 +232,10 @@ fn rmsnorm_twin_is_accurate() {
         for i in 0..1024 {
             let want = xf[i] * inv * (w[i] as f64 / (1 << 20) as f64);
             let got = y[i] as f64 / 65536.0;
-            assert!((got - want).abs() <= 1.0 / 65536.0, "rmsnorm[{i}] (scale {scale}): fixed {got} vs f64 {want}");
+            assert!(
+                (got - want).abs() <= 1.0 / 65536.0,
+                "rmsnorm[{i}] (scale {scale}): fixed {got} vs f64 {want}"
+            );
         }
     }
 }
@@ -165,12 +257,35 @@ fn qk_norm_rope_matches_twin() {
         let mut k = rng.vec(n_k * hd, 1 << 19);
         let (rq, rk) = (put(&mut o, &q), put(&mut o, &k));
         let row = |r: Region| r.sub(pos * hd / 2 * 4, hd / 2 * 4);
-        o.qk_norm_rope(rq, rk, rqn, rkn, row(rcos), row(rsin), n_q, n_k, hd, fixed::eps_q64(EPS)).unwrap();
+        o.qk_norm_rope(
+            rq,
+            rk,
+            rqn,
+            rkn,
+            row(rcos),
+            row(rsin),
+            n_q,
+            n_k,
+            hd,
+            fixed::eps_q64(EPS),
+        )
+        .unwrap();
         let half = hd / 2;
-        let (c, s) = (&cos[pos * half..(pos + 1) * half], &sin[pos * half..(pos + 1) * half]);
+        let (c, s) = (
+            &cos[pos * half..(pos + 1) * half],
+            &sin[pos * half..(pos + 1) * half],
+        );
         fixed::qk_norm_rope(&mut q, &mut k, &qn, &kn, c, s, hd, fixed::eps_q64(EPS));
-        assert_eq!(get(&o, rq, n_q * hd), q, "q after q_norm+RoPE at pos {pos}: BPF vs twin");
-        assert_eq!(get(&o, rk, n_k * hd), k, "k after k_norm+RoPE at pos {pos}: BPF vs twin");
+        assert_eq!(
+            get(&o, rq, n_q * hd),
+            q,
+            "q after q_norm+RoPE at pos {pos}: BPF vs twin"
+        );
+        assert_eq!(
+            get(&o, rk, n_k * hd),
+            k,
+            "k after k_norm+RoPE at pos {pos}: BPF vs twin"
+        );
     }
 }
 
@@ -189,7 +304,11 @@ fn gate_up_swiglu_matches_twin_over_the_silu_range() {
         o.gate_up_swiglu(rg, ru, rx, ry, rt, k, 0..rows).unwrap();
         let mut want = vec![0; rows];
         fixed::gate_up_swiglu(&g, &u, &x, 0..rows, &tab, &mut want);
-        assert_eq!(get(&o, ry, rows), want, "gate_up_swiglu {rows}x{k}: BPF vs twin");
+        assert_eq!(
+            get(&o, ry, rows),
+            want,
+            "gate_up_swiglu {rows}x{k}: BPF vs twin"
+        );
     }
     // the elementwise form over the whole Q16 range
     let n = 4096;
@@ -197,7 +316,11 @@ fn gate_up_swiglu_matches_twin_over_the_silu_range() {
     let (rg, ru) = (put(&mut o, &g), put(&mut o, &u));
     let ry = o.arena.alloc(n * 4, "y").unwrap();
     o.swiglu(rg, ru, ry, rt, n).unwrap();
-    let want: Vec<i32> = g.iter().zip(&u).map(|(&a, &b)| fixed::swiglu(a, b, &tab)).collect();
+    let want: Vec<i32> = g
+        .iter()
+        .zip(&u)
+        .map(|(&a, &b)| fixed::swiglu(a, b, &tab))
+        .collect();
     assert_eq!(get(&o, ry, n), want, "swiglu_vec: BPF vs twin");
     // the scalar silu against f64, from -40 to 40
     for i in -400..=400 {
@@ -217,13 +340,21 @@ fn lm_head_argmax_matches_twin() {
     let x = rng.vec(k, 1 << 18);
     let (rw, rx) = (put(&mut o, &w), put(&mut o, &x));
     let ry = o.arena.alloc(rows * 4, "logits").unwrap();
-    let (a, av) = o.lm_head_argmax(rows_of(rw, k, 0..3000), rx, Some(ry), k, 0..3000).unwrap();
-    let (b, bv) = o.lm_head_argmax(rows_of(rw, k, 3000..rows), rx, Some(ry), k, 3000..rows).unwrap();
+    let (a, av) = o
+        .lm_head_argmax(rows_of(rw, k, 0..3000), rx, Some(ry), k, 0..3000)
+        .unwrap();
+    let (b, bv) = o
+        .lm_head_argmax(rows_of(rw, k, 3000..rows), rx, Some(ry), k, 3000..rows)
+        .unwrap();
     let mut want = vec![0; rows];
     let (wa, wav) = fixed::lm_head_argmax(&w, &x, 0..3000, Some(&mut want));
     let (wb, wbv) = fixed::lm_head_argmax(&w, &x, 3000..rows, Some(&mut want));
     assert_eq!(get(&o, ry, rows), want, "logits: BPF vs twin");
-    assert_eq!(((a, av), (b, bv)), ((wa, wav), (wb, wbv)), "argmax per row range: BPF vs twin");
+    assert_eq!(
+        ((a, av), (b, bv)),
+        ((wa, wav), (wb, wbv)),
+        "argmax per row range: BPF vs twin"
+    );
     // a 151,936 x 32 head split over two threads: same argmax as the twin over all rows
     let (rows2, k2) = (151_936, 48);
     let w2 = rng.vec(rows2 * k2, 1 << 23);
@@ -232,21 +363,38 @@ fn lm_head_argmax_matches_twin() {
     o.set_threads(2);
     let before = o.runs();
     let got = o.lm_head_argmax(rw2, rx2, None, k2, 0..rows2).unwrap();
-    assert_eq!(o.runs() - before, 2, "a 7.3M-MAC head runs as two BPF runs on two threads");
-    assert_eq!(got, fixed::lm_head_argmax(&w2, &x2, 0..rows2, None), "two-thread argmax vs twin");
+    assert_eq!(
+        o.runs() - before,
+        2,
+        "a 7.3M-MAC head runs as two BPF runs on two threads"
+    );
+    assert_eq!(
+        got,
+        fixed::lm_head_argmax(&w2, &x2, 0..rows2, None),
+        "two-thread argmax vs twin"
+    );
     o.set_threads(1);
     // ties go to the first row
     let w3 = vec![1 << 20; 4 * 32];
     let x3 = vec![1 << 16; 32];
     let (rw3, rx3) = (put(&mut o, &w3), put(&mut o, &x3));
-    assert_eq!(o.lm_head_argmax(rw3, rx3, None, 32, 0..4).unwrap().0, 0, "argmax tie goes to row 0");
+    assert_eq!(
+        o.lm_head_argmax(rw3, rx3, None, 32, 0..4).unwrap().0,
+        0,
+        "argmax tie goes to row 0"
+    );
 }
 
 #[test]
 fn attention_matches_twin_over_a_long_history() {
     let mut o = ops();
     let mut rng = Rng(7);
-    let s = AttnShape { n_q: 16, n_kv: 8, hd: 128, max_ctx: 300 };
+    let s = AttnShape {
+        n_q: 16,
+        n_kv: 8,
+        hd: 128,
+        max_ctx: 300,
+    };
     let tab = fixed::exp2_table();
     let scale = fixed::attn_scale_q22(s.hd);
     let kvd = s.n_kv * s.hd;
@@ -276,11 +424,22 @@ fn attention_matches_twin_over_a_long_history() {
         o.attention(&b, pos, s, scale).unwrap();
         fixed::attention(&q, &k, &v, &mut kc, &mut vc, pos, s, scale, &tab, &mut out);
         if pos % 50 == 0 || pos == s.max_ctx - 1 {
-            assert_eq!(get(&o, b.k_cache, s.max_ctx * kvd), kc, "k cache at pos {pos}");
+            assert_eq!(
+                get(&o, b.k_cache, s.max_ctx * kvd),
+                kc,
+                "k cache at pos {pos}"
+            );
         }
-        assert_eq!(get(&o, b.out, s.n_q * s.hd), out, "attention output at pos {pos}: BPF vs twin");
+        assert_eq!(
+            get(&o, b.out, s.n_q * s.hd),
+            out,
+            "attention output at pos {pos}: BPF vs twin"
+        );
     }
-    assert!(o.attention(&b, s.max_ctx, s, scale).is_err(), "pos == max_ctx must be refused by the kernel");
+    assert!(
+        o.attention(&b, s.max_ctx, s, scale).is_err(),
+        "pos == max_ctx must be refused by the kernel"
+    );
 }
 
 #[test]

@@ -119,9 +119,11 @@ fn check_matvec<M: PackedMatrix>(
     let run = |o: &mut Ops, ry: Region| {
         for rows in splits {
             if f == W4A8 {
-                o.w4a8_matvec(rm, &xq, ry, rows.clone(), accumulate).unwrap();
+                o.w4a8_matvec(rm, &xq, ry, rows.clone(), accumulate)
+                    .unwrap();
             } else {
-                o.w8a16_matvec(rm, &xq, ry, rows.clone(), accumulate).unwrap();
+                o.w8a16_matvec(rm, &xq, ry, rows.clone(), accumulate)
+                    .unwrap();
             }
         }
     };
@@ -142,13 +144,24 @@ fn check_matvec<M: PackedMatrix>(
         run(o, ry);
         let mut want = y64.clone();
         swar::matvec_quantized_residual(m, &twin_quantize(x, f), all, &mut want);
-        (o.arena.slice::<i64>(Region { len: y64.len() * 8, ..ry }).to_vec(), want)
+        (
+            o.arena
+                .slice::<i64>(Region {
+                    len: y64.len() * 8,
+                    ..ry
+                })
+                .to_vec(),
+            want,
+        )
     } else {
         let ry = put(o, y0);
         run(o, ry);
         let mut want = y0.to_vec();
         swar::matvec_quantized(m, &twin_quantize(x, f), all, &mut want);
-        (get(o, ry, y0.len()).into_iter().map(i64::from).collect(), want.into_iter().map(i64::from).collect())
+        (
+            get(o, ry, y0.len()).into_iter().map(i64::from).collect(),
+            want.into_iter().map(i64::from).collect(),
+        )
     };
     if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
         panic!(
@@ -581,9 +594,19 @@ fn quantize_dequantize_error_is_at_most_half_a_step() {
                 let ws = &w[grp * 32..grp * 32 + 32];
                 let a = ws.iter().map(|v| v.abs() as f64).fold(0.0, f64::max);
                 let s = (a * one / 7.0).ceil() / one;
-                let max_based: f64 = ws.iter().map(|&v| (v as f64 - (v as f64 / s).round().clamp(-7.0, 7.0) * s).powi(2)).sum::<f64>();
-                let chosen: f64 = ws.iter().zip(&d[grp * 32..grp * 32 + 32]).map(|(&v, &q)| (v as f64 - q).powi(2)).sum();
-                assert!(s == 0.0 || chosen <= max_based * (1.0 + 1e-9), "int4 group {grp}: squared error {chosen} > max-based {max_based}");
+                let max_based: f64 = ws
+                    .iter()
+                    .map(|&v| (v as f64 - (v as f64 / s).round().clamp(-7.0, 7.0) * s).powi(2))
+                    .sum::<f64>();
+                let chosen: f64 = ws
+                    .iter()
+                    .zip(&d[grp * 32..grp * 32 + 32])
+                    .map(|(&v, &q)| (v as f64 - q).powi(2))
+                    .sum();
+                assert!(
+                    s == 0.0 || chosen <= max_based * (1.0 + 1e-9),
+                    "int4 group {grp}: squared error {chosen} > max-based {max_based}"
+                );
             }
         }
         assert_eq!(

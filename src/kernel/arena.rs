@@ -22,8 +22,15 @@ pub struct Region {
 impl Region {
     /// The `len` bytes at byte offset `at` inside this region.
     pub fn sub(self, at: usize, len: usize) -> Region {
-        assert!(at + len <= self.len, "sub-region {at}+{len} outside a region of {}", self.len);
-        Region { off: self.off + at, len }
+        assert!(
+            at + len <= self.len,
+            "sub-region {at}+{len} outside a region of {}",
+            self.len
+        );
+        Region {
+            off: self.off + at,
+            len,
+        }
     }
 }
 
@@ -76,7 +83,11 @@ impl Arena {
                 Ok(Region { off, len })
             }
             _ => Err(Error::Resources {
-                msg: format!("arena of {} bytes has {} free; `{what}` needs {len}", self.len, self.len - self.next),
+                msg: format!(
+                    "arena of {} bytes has {} free; `{what}` needs {len}",
+                    self.len,
+                    self.len - self.next
+                ),
             }),
         }
     }
@@ -90,14 +101,18 @@ impl Arena {
     pub fn slice<T: bytemuck::Pod>(&self, r: Region) -> &[T] {
         assert!(r.off + r.len <= self.len && r.len % size_of::<T>() == 0);
         // SAFETY: in bounds, page aligned (so aligned for T), and every bit pattern is a valid T.
-        unsafe { std::slice::from_raw_parts(self.base.add(r.off) as *const T, r.len / size_of::<T>()) }
+        unsafe {
+            std::slice::from_raw_parts(self.base.add(r.off) as *const T, r.len / size_of::<T>())
+        }
     }
 
     /// Region `r` as a typed mutable slice.
     pub fn slice_mut<T: bytemuck::Pod>(&mut self, r: Region) -> &mut [T] {
         assert!(r.off + r.len <= self.len && r.len % size_of::<T>() == 0);
         // SAFETY: as in `slice`, and &mut self makes the borrow exclusive on the user side.
-        unsafe { std::slice::from_raw_parts_mut(self.base.add(r.off) as *mut T, r.len / size_of::<T>()) }
+        unsafe {
+            std::slice::from_raw_parts_mut(self.base.add(r.off) as *mut T, r.len / size_of::<T>())
+        }
     }
 }
 
@@ -108,9 +123,14 @@ pub(crate) fn mapping(map: &libbpf_rs::Map<'_>) -> Result<*mut u8> {
     use libbpf_rs::AsRawLibbpf;
     let mut size = 0u64;
     // SAFETY: returns libbpf's mapping of the loaded map, or null; `size` is written.
-    let base = unsafe { libbpf_rs::libbpf_sys::bpf_map__initial_value(map.as_libbpf_object().as_ptr(), &mut size) };
+    let base = unsafe {
+        libbpf_rs::libbpf_sys::bpf_map__initial_value(map.as_libbpf_object().as_ptr(), &mut size)
+    };
     if base.is_null() {
-        return Err(Error::Bpf { what: "arena map".into(), detail: "libbpf did not mmap it".into() });
+        return Err(Error::Bpf {
+            what: "arena map".into(),
+            detail: "libbpf did not mmap it".into(),
+        });
     }
     Ok(base as *mut u8)
 }

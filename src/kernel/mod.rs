@@ -32,9 +32,15 @@ pub(crate) fn test_run<T>(prog: BorrowedFd<'_>, what: &str, args: &mut T) -> Res
     if rc != 0 {
         let e = std::io::Error::last_os_error();
         if e.raw_os_error() == Some(libc::EPERM) {
-            return Err(Error::Privileges { what: format!("running BPF program `{what}`"), capability: CAPABILITIES });
+            return Err(Error::Privileges {
+                what: format!("running BPF program `{what}`"),
+                capability: CAPABILITIES,
+            });
         }
-        return Err(Error::Bpf { what: format!("test_run of `{what}`"), detail: e.to_string() });
+        return Err(Error::Bpf {
+            what: format!("test_run of `{what}`"),
+            detail: e.to_string(),
+        });
     }
     Ok(opts.retval as i32)
 }
@@ -66,17 +72,33 @@ pub const CAP_BPF: u32 = 39;
 /// Runs libbpf's feature probes and reads the capabilities (see [`ProbeResults`]).
 pub fn probe_results() -> ProbeResults {
     // SAFETY: plain probe calls without pointers.
-    let arena = unsafe { libbpf_sys::libbpf_probe_bpf_map_type(33 /* BPF_MAP_TYPE_ARENA */, std::ptr::null()) };
-    let syscall_prog = unsafe { libbpf_sys::libbpf_probe_bpf_prog_type(libbpf_sys::BPF_PROG_TYPE_SYSCALL, std::ptr::null()) };
+    let arena = unsafe {
+        libbpf_sys::libbpf_probe_bpf_map_type(33 /* BPF_MAP_TYPE_ARENA */, std::ptr::null())
+    };
+    let syscall_prog = unsafe {
+        libbpf_sys::libbpf_probe_bpf_prog_type(libbpf_sys::BPF_PROG_TYPE_SYSCALL, std::ptr::null())
+    };
     let bpf_loop = unsafe {
-        libbpf_sys::libbpf_probe_bpf_helper(libbpf_sys::BPF_PROG_TYPE_SYSCALL, libbpf_sys::BPF_FUNC_loop, std::ptr::null())
+        libbpf_sys::libbpf_probe_bpf_helper(
+            libbpf_sys::BPF_PROG_TYPE_SYSCALL,
+            libbpf_sys::BPF_FUNC_loop,
+            std::ptr::null(),
+        )
     };
     let cap_eff = std::fs::read_to_string("/proc/thread-self/status")
         .or_else(|_| std::fs::read_to_string("/proc/self/status"))
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("CapEff:").map(|v| v.trim().to_string())))
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:").map(|v| v.trim().to_string()))
+        })
         .and_then(|v| u64::from_str_radix(&v, 16).ok());
-    ProbeResults { arena, syscall_prog, bpf_loop, cap_eff }
+    ProbeResults {
+        arena,
+        syscall_prog,
+        bpf_loop,
+        cap_eff,
+    }
 }
 
 /// Turns probe answers into the crate's verdict: [`Error::Privileges`] naming the missing
@@ -95,7 +117,10 @@ pub fn classify(p: &ProbeResults) -> Result<()> {
             (true, true) => None,
         };
         if let Some(capability) = capability {
-            return Err(Error::Privileges { what: what.into(), capability });
+            return Err(Error::Privileges {
+                what: what.into(),
+                capability,
+            });
         }
     }
     if p.arena == 1 && p.syscall_prog == 1 && p.bpf_loop == 1 {
@@ -103,22 +128,37 @@ pub fn classify(p: &ProbeResults) -> Result<()> {
     }
     for r in [p.arena, p.syscall_prog, p.bpf_loop] {
         if r == -libc::EPERM || r == -libc::EACCES {
-            return Err(Error::Privileges { what: what.into(), capability: CAPABILITIES });
+            return Err(Error::Privileges {
+                what: what.into(),
+                capability: CAPABILITIES,
+            });
         }
     }
     let missing = |feature: &'static str, needs: &'static str, r: i32| Error::KernelFeature {
         what: what.into(),
         feature,
         needs,
-        detail: if r < 0 { std::io::Error::from_raw_os_error(-r).to_string() } else { "not supported".into() },
+        detail: if r < 0 {
+            std::io::Error::from_raw_os_error(-r).to_string()
+        } else {
+            "not supported".into()
+        },
     };
     if p.syscall_prog != 1 {
-        return Err(missing("BPF_PROG_TYPE_SYSCALL programs", "Linux >= 5.14", p.syscall_prog));
+        return Err(missing(
+            "BPF_PROG_TYPE_SYSCALL programs",
+            "Linux >= 5.14",
+            p.syscall_prog,
+        ));
     }
     if p.bpf_loop != 1 {
         return Err(missing("the bpf_loop helper", "Linux >= 5.17", p.bpf_loop));
     }
-    Err(missing("BPF arena maps", "Linux >= 6.9 with CONFIG_BPF_SYSCALL and an MMU", p.arena))
+    Err(missing(
+        "BPF arena maps",
+        "Linux >= 6.9 with CONFIG_BPF_SYSCALL and an MMU",
+        p.arena,
+    ))
 }
 
 /// Checks, before loading anything, that the kernel has what qwen_bpf needs and that this
@@ -131,8 +171,16 @@ pub fn check_kernel() -> Result<()> {
 /// Turns a libbpf-rs failure while opening or loading `what` into the crate's error.
 pub(crate) fn load_error(what: &str, e: libbpf_rs::Error) -> Error {
     // EPERM is a missing capability; EACCES at load is the verifier's rejection.
-    if e.kind() == libbpf_rs::ErrorKind::PermissionDenied && format!("{e:#}").contains("os error 1)") {
-        return Error::Privileges { what: format!("loading {what}"), capability: CAPABILITIES };
+    if e.kind() == libbpf_rs::ErrorKind::PermissionDenied
+        && format!("{e:#}").contains("os error 1)")
+    {
+        return Error::Privileges {
+            what: format!("loading {what}"),
+            capability: CAPABILITIES,
+        };
     }
-    Error::Bpf { what: format!("loading {what}"), detail: format!("{e:#}") }
+    Error::Bpf {
+        what: format!("loading {what}"),
+        detail: format!("{e:#}"),
+    }
 }

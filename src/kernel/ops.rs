@@ -12,8 +12,14 @@ use super::arena::{self, Arena, Region, MAX_ARENA_BYTES, PAGE};
 use super::{load_error, test_run};
 use crate::{Error, Result};
 
-mod skel {
-    #![allow(missing_docs, clippy::all, non_camel_case_types, dead_code, unused_imports)]
+pub(crate) mod skel {
+    #![allow(
+        missing_docs,
+        clippy::all,
+        non_camel_case_types,
+        dead_code,
+        unused_imports
+    )]
     include!(concat!(env!("OUT_DIR"), "/ops.skel.rs"));
 }
 pub use skel::types::formats_args as Formats;
@@ -41,7 +47,10 @@ unsafe impl Send for Ops {}
 
 impl std::fmt::Debug for Ops {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Ops").field("arena", &self.arena).field("runs", &self.runs).finish()
+        f.debug_struct("Ops")
+            .field("arena", &self.arena)
+            .field("runs", &self.runs)
+            .finish()
     }
 }
 
@@ -64,7 +73,10 @@ impl Ops {
         let pages = arena_bytes.div_ceil(PAGE).max(1);
         if pages * PAGE > MAX_ARENA_BYTES {
             return Err(Error::Resources {
-                msg: format!("a BPF arena holds at most {MAX_ARENA_BYTES} bytes; {} were asked for", pages * PAGE),
+                msg: format!(
+                    "a BPF arena holds at most {MAX_ARENA_BYTES} bytes; {} were asked for",
+                    pages * PAGE
+                ),
             });
         }
         let storage = Box::into_raw(Box::new(MaybeUninit::<OpenObject>::uninit()));
@@ -82,7 +94,13 @@ impl Ops {
         let base = arena::mapping(&skel.maps.arena)?;
         // SAFETY: libbpf maps the whole arena (pages * PAGE bytes) read-write for the skeleton's life.
         let arena = unsafe { Arena::new(base, pages * PAGE) };
-        Ok(Ops { skel: ManuallyDrop::new(skel), storage, arena, runs: 0, threads: 1 })
+        Ok(Ops {
+            skel: ManuallyDrop::new(skel),
+            storage,
+            arena,
+            runs: 0,
+            threads: 1,
+        })
     }
 
     /// BPF program runs since load.
@@ -103,9 +121,18 @@ impl Ops {
     /// Splits `rows` into up to `threads` contiguous parts (multiples of 8 rows) when the operator
     /// does at least [`PAR_MIN_MACS`] multiply-adds; otherwise one part.
     pub(crate) fn parts(&self, rows: Rows, macs: usize) -> Vec<Rows> {
-        let n = if macs >= PAR_MIN_MACS { self.threads } else { 1 };
+        let n = if macs >= PAR_MIN_MACS {
+            self.threads
+        } else {
+            1
+        };
         let step = rows.len().div_ceil(n).div_ceil(8) * 8;
-        (0..n).map(|i| (rows.start + i * step).min(rows.end)..(rows.start + (i + 1) * step).min(rows.end)).filter(|r| !r.is_empty()).collect()
+        (0..n)
+            .map(|i| {
+                (rows.start + i * step).min(rows.end)..(rows.start + (i + 1) * step).min(rows.end)
+            })
+            .filter(|r| !r.is_empty())
+            .collect()
     }
 
     /// Runs program `name` of the object once with `args` as its ctx; a non-zero return value
@@ -122,21 +149,35 @@ impl Ops {
             .object()
             .progs()
             .find(|p| p.name() == name)
-            .ok_or_else(|| Error::Bpf { what: name.into(), detail: "no such program in ops.bpf.c".into() })?;
+            .ok_or_else(|| Error::Bpf {
+                what: name.into(),
+                detail: "no such program in ops.bpf.c".into(),
+            })?;
         let fd = prog.as_fd();
         let check = |rc: Result<i32>| match rc {
             Ok(0) => Ok(()),
-            Ok(rc) => Err(Error::Bpf { what: name.into(), detail: format!("returned {rc} (bad arguments)") }),
+            Ok(rc) => Err(Error::Bpf {
+                what: name.into(),
+                detail: format!("returned {rc} (bad arguments)"),
+            }),
             Err(e) => Err(e),
         };
         let result = match args {
             [] => Ok(()),
             [one] => check(test_run(fd, name, one)),
             [first, rest @ ..] => std::thread::scope(|s| {
-                let others: Vec<_> = rest.iter_mut().map(|a| s.spawn(move || test_run(fd, name, a))).collect();
+                let others: Vec<_> = rest
+                    .iter_mut()
+                    .map(|a| s.spawn(move || test_run(fd, name, a)))
+                    .collect();
                 let mut r = check(test_run(fd, name, first));
                 for h in others {
-                    let rc = h.join().unwrap_or_else(|_| Err(Error::Bpf { what: name.into(), detail: "worker thread panicked".into() }));
+                    let rc = h.join().unwrap_or_else(|_| {
+                        Err(Error::Bpf {
+                            what: name.into(),
+                            detail: "worker thread panicked".into(),
+                        })
+                    });
                     r = r.and(check(rc));
                 }
                 r
@@ -159,14 +200,28 @@ impl Ops {
 
     /// `x = table[token]` (Q24 → Q16), `dim` wide.
     pub fn embed(&mut self, table: Region, token: u32, dim: usize, x: Region) -> Result<()> {
-        let mut a = embed_args { table: self.addr(table), x: self.addr(x), token, dim: dim as u32 };
+        let mut a = embed_args {
+            table: self.addr(table),
+            x: self.addr(x),
+            token,
+            dim: dim as u32,
+        };
         self.run("embed", &mut a)
     }
 
     /// RMSNorm of `nvec` consecutive `n`-wide vectors at `x` into `y` (Q16). `x` is the i64 Q32
     /// residual stream when `wide`, else i32 Q16 (and then `y` may equal `x`).
     #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm(&mut self, x: Region, wide: bool, w: Region, y: Region, n: usize, nvec: usize, eps_q64: u64) -> Result<()> {
+    pub fn rmsnorm(
+        &mut self,
+        x: Region,
+        wide: bool,
+        w: Region,
+        y: Region,
+        n: usize,
+        nvec: usize,
+        eps_q64: u64,
+    ) -> Result<()> {
         let mut a = rmsnorm_args {
             x: self.addr(x),
             w: self.addr(w),
@@ -183,7 +238,19 @@ impl Ops {
 
     /// Per-head q_norm/k_norm and RoPE, in place. `cos`/`sin` are this position's table rows.
     #[allow(clippy::too_many_arguments)]
-    pub fn qk_norm_rope(&mut self, q: Region, k: Region, q_norm: Region, k_norm: Region, cos: Region, sin: Region, n_q: usize, n_k: usize, hd: usize, eps_q64: u64) -> Result<()> {
+    pub fn qk_norm_rope(
+        &mut self,
+        q: Region,
+        k: Region,
+        q_norm: Region,
+        k_norm: Region,
+        cos: Region,
+        sin: Region,
+        n_q: usize,
+        n_k: usize,
+        hd: usize,
+        eps_q64: u64,
+    ) -> Result<()> {
         let mut a = qk_norm_rope_args {
             q: self.addr(q),
             k: self.addr(k),
@@ -204,7 +271,15 @@ impl Ops {
     /// `y[r] = W[r]·x` (y i32 Q16) or, when `accumulate`, `y[r] += W[r]·x` (y the i64 Q32
     /// residual stream), for r in `rows`. `w` holds exactly those rows (Q24, `k` columns): a
     /// resident matrix's sub-region or a staging window.
-    pub fn matvec(&mut self, w: Region, x: Region, y: Region, k: usize, rows: Rows, accumulate: bool) -> Result<()> {
+    pub fn matvec(
+        &mut self,
+        w: Region,
+        x: Region,
+        y: Region,
+        k: usize,
+        rows: Rows,
+        accumulate: bool,
+    ) -> Result<()> {
         let (w0, x, y) = (self.addr(w), self.addr(x), self.addr(y));
         let mut parts: Vec<matvec_args> = self
             .parts(rows.clone(), rows.len() * k)
@@ -224,29 +299,79 @@ impl Ops {
 
     /// `y[r] = silu(gate[r]·x) * (up[r]·x)` for r in `rows`; `gate` and `up` hold those rows.
     #[allow(clippy::too_many_arguments)]
-    pub fn gate_up_swiglu(&mut self, gate: Region, up: Region, x: Region, y: Region, exp2: Region, k: usize, rows: Rows) -> Result<()> {
-        let (g0, u0, x, y, exp2) = (self.addr(gate), self.addr(up), self.addr(x), self.addr(y), self.addr(exp2));
+    pub fn gate_up_swiglu(
+        &mut self,
+        gate: Region,
+        up: Region,
+        x: Region,
+        y: Region,
+        exp2: Region,
+        k: usize,
+        rows: Rows,
+    ) -> Result<()> {
+        let (g0, u0, x, y, exp2) = (
+            self.addr(gate),
+            self.addr(up),
+            self.addr(x),
+            self.addr(y),
+            self.addr(exp2),
+        );
         let mut parts: Vec<gate_up_args> = self
             .parts(rows.clone(), 2 * rows.len() * k)
             .into_iter()
             .map(|p| {
                 let skip = ((p.start - rows.start) * k * 4) as u64;
-                gate_up_args { gate: g0 + skip, up: u0 + skip, x, y, exp2, k: k as u32, row0: p.start as u32, nrows: p.len() as u32, pad: 0 }
+                gate_up_args {
+                    gate: g0 + skip,
+                    up: u0 + skip,
+                    x,
+                    y,
+                    exp2,
+                    k: k as u32,
+                    row0: p.start as u32,
+                    nrows: p.len() as u32,
+                    pad: 0,
+                }
             })
             .collect();
         self.run_parts("gate_up_swiglu", &mut parts)
     }
 
     /// `y[i] = silu(gate[i]) * up[i]` for `n` Q16 values (y may alias either input).
-    pub fn swiglu(&mut self, gate: Region, up: Region, y: Region, exp2: Region, n: usize) -> Result<()> {
-        let mut a = swiglu_args { gate: self.addr(gate), up: self.addr(up), y: self.addr(y), exp2: self.addr(exp2), n: n as u32, pad: 0 };
+    pub fn swiglu(
+        &mut self,
+        gate: Region,
+        up: Region,
+        y: Region,
+        exp2: Region,
+        n: usize,
+    ) -> Result<()> {
+        let mut a = swiglu_args {
+            gate: self.addr(gate),
+            up: self.addr(up),
+            y: self.addr(y),
+            exp2: self.addr(exp2),
+            n: n as u32,
+            pad: 0,
+        };
         self.run("swiglu_vec", &mut a)
     }
 
     /// Logits of `rows` (into `y`, indexed by row, when given) and their argmax: (row, Q16
     /// logit), the first row on ties. `w` holds those rows.
-    pub fn lm_head_argmax(&mut self, w: Region, x: Region, y: Option<Region>, k: usize, rows: Rows) -> Result<(usize, i32)> {
-        let (w0, x, y) = (self.addr(w), self.addr(x), y.map(|r| self.addr(r)).unwrap_or(0));
+    pub fn lm_head_argmax(
+        &mut self,
+        w: Region,
+        x: Region,
+        y: Option<Region>,
+        k: usize,
+        rows: Rows,
+    ) -> Result<(usize, i32)> {
+        let (w0, x, y) = (
+            self.addr(w),
+            self.addr(x),
+            y.map(|r| self.addr(r)).unwrap_or(0),
+        );
         let mut parts: Vec<lm_head_args> = self
             .parts(rows.clone(), rows.len() * k)
             .into_iter()
@@ -262,12 +387,24 @@ impl Ops {
             .collect();
         self.run_parts("lm_head_argmax", &mut parts)?;
         // parts are in row order: a later part wins only with a strictly larger logit
-        let best = parts.iter().fold((rows.start, i64::MIN), |b, a| if a.best_val > b.1 { (a.best as usize, a.best_val) } else { b });
+        let best = parts.iter().fold((rows.start, i64::MIN), |b, a| {
+            if a.best_val > b.1 {
+                (a.best as usize, a.best_val)
+            } else {
+                b
+            }
+        });
         Ok((best.0, best.1 as i32))
     }
 
     /// Causal GQA attention at `pos` (see [`crate::fixed::attention`]).
-    pub fn attention(&mut self, b: &AttentionBuffers, pos: usize, s: crate::fixed::AttnShape, scale_q22: i32) -> Result<()> {
+    pub fn attention(
+        &mut self,
+        b: &AttentionBuffers,
+        pos: usize,
+        s: crate::fixed::AttnShape,
+        scale_q22: i32,
+    ) -> Result<()> {
         let mut a = attention_args {
             q: self.addr(b.q),
             k: self.addr(b.k),
@@ -312,15 +449,27 @@ pub struct AttentionBuffers {
     pub exp2: Region,
 }
 
-fn open_and_load(storage: &'static mut MaybeUninit<OpenObject>, pages: u32) -> Result<OpsSkel<'static>> {
-    let mut open = OpsSkelBuilder::default().open(storage).map_err(|e| load_error("the operator programs", e))?;
-    open.maps.arena.set_max_entries(pages).map_err(|e| load_error("the arena map", e))?;
-    open.load().map_err(|e| load_error("the operator programs", e))
+fn open_and_load(
+    storage: &'static mut MaybeUninit<OpenObject>,
+    pages: u32,
+) -> Result<OpsSkel<'static>> {
+    let mut open = OpsSkelBuilder::default()
+        .open(storage)
+        .map_err(|e| load_error("the operator programs", e))?;
+    open.maps
+        .arena
+        .set_max_entries(pages)
+        .map_err(|e| load_error("the arena map", e))?;
+    open.load()
+        .map_err(|e| load_error("the operator programs", e))
 }
 
 fn check_ret(what: &str, ret: i32) -> Result<()> {
     if ret != 0 {
-        return Err(Error::Bpf { what: what.into(), detail: format!("rejected its arguments (ret {ret})") });
+        return Err(Error::Bpf {
+            what: what.into(),
+            detail: format!("rejected its arguments (ret {ret})"),
+        });
     }
     Ok(())
 }

@@ -11,7 +11,13 @@ use super::{check_kernel, load_error, test_run};
 use crate::{Error, Result};
 
 mod skel {
-    #![allow(missing_docs, clippy::all, non_camel_case_types, dead_code, unused_imports)]
+    #![allow(
+        missing_docs,
+        clippy::all,
+        non_camel_case_types,
+        dead_code,
+        unused_imports
+    )]
     include!(concat!(env!("OUT_DIR"), "/probe.skel.rs"));
 }
 use skel::{types::probe_args, ProbeSkelBuilder};
@@ -21,21 +27,32 @@ use skel::{types::probe_args, ProbeSkelBuilder};
 pub fn probe() -> Result<()> {
     check_kernel()?;
     let mut storage = MaybeUninit::<OpenObject>::uninit();
-    let open = ProbeSkelBuilder::default().open(&mut storage).map_err(|e| load_error("the probe program", e))?;
-    let skel = open.load().map_err(|e| load_error("the probe program", e))?;
+    let open = ProbeSkelBuilder::default()
+        .open(&mut storage)
+        .map_err(|e| load_error("the probe program", e))?;
+    let skel = open
+        .load()
+        .map_err(|e| load_error("the probe program", e))?;
     let base = super::arena::mapping(&skel.maps.probe_arena)? as *mut u32;
     // SAFETY: 64 u32 inside the one-page mapping.
     let buf = unsafe { std::slice::from_raw_parts_mut(base, 64) };
     for (i, v) in buf.iter_mut().enumerate() {
         *v = (i as u32 + 1) * 3;
     }
-    let mut args = probe_args { buf: base as u64, n: 64, ..Default::default() };
+    let mut args = probe_args {
+        buf: base as u64,
+        n: 64,
+        ..Default::default()
+    };
     test_run(skel.progs.probe.as_fd(), "probe", &mut args)?;
     let want: u64 = (1..=64u64).map(|i| i * 3).sum();
     if args.r#loop != 64 || args.sum != want {
         return Err(Error::Bpf {
             what: "probe".into(),
-            detail: format!("bpf_loop returned {} (want 64), arena sum {} (want {want})", args.r#loop, args.sum),
+            detail: format!(
+                "bpf_loop returned {} (want 64), arena sum {} (want {want})",
+                args.r#loop, args.sum
+            ),
         });
     }
     Ok(())

@@ -10,17 +10,7 @@ use crate::swar::{
 };
 use crate::{Error, Result};
 
-mod skel {
-    #![allow(
-        missing_docs,
-        clippy::all,
-        non_camel_case_types,
-        dead_code,
-        unused_imports
-    )]
-    include!(concat!(env!("OUT_DIR"), "/ops.skel.rs"));
-}
-use skel::types::{quantize_x_args, swar_mv_args};
+use super::ops::skel::types::{quantize_x_args, swar_mv_args};
 
 /// A packed matrix in the arena (see [`Ops::upload_int4`], [`Ops::upload_int8`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,7 +180,12 @@ impl Ops {
         let mut parts: Vec<swar_mv_args> = self
             .parts(rows.clone(), rows.len() * m.cols)
             .into_iter()
-            .map(|p| swar_mv_args { row0: p.start as u32, nrows: p.len() as u32, accumulate: accumulate as u32, ..a })
+            .map(|p| swar_mv_args {
+                row0: p.start as u32,
+                nrows: p.len() as u32,
+                accumulate: accumulate as u32,
+                ..a
+            })
             .collect();
         self.run_parts(&format!("{}_matvec", f.name), &mut parts)
     }
@@ -204,11 +199,24 @@ impl Ops {
         rows: Rows,
     ) -> Result<(usize, i32)> {
         let a = self.swar_args(f, m, xq, y, &rows)?;
-        let mut parts: Vec<swar_mv_args> =
-            self.parts(rows.clone(), rows.len() * m.cols).into_iter().map(|p| swar_mv_args { row0: p.start as u32, nrows: p.len() as u32, ..a }).collect();
+        let mut parts: Vec<swar_mv_args> = self
+            .parts(rows.clone(), rows.len() * m.cols)
+            .into_iter()
+            .map(|p| swar_mv_args {
+                row0: p.start as u32,
+                nrows: p.len() as u32,
+                ..a
+            })
+            .collect();
         self.run_parts(&format!("{}_lm_head_argmax", f.name), &mut parts)?;
         // parts are in row order: a later part wins only with a strictly larger logit
-        let best = parts.iter().fold((rows.start, i64::MIN), |b, p| if p.best_val > b.1 { (p.best as usize, p.best_val) } else { b });
+        let best = parts.iter().fold((rows.start, i64::MIN), |b, p| {
+            if p.best_val > b.1 {
+                (p.best as usize, p.best_val)
+            } else {
+                b
+            }
+        });
         Ok((best.0, best.1 as i32))
     }
 

@@ -57,8 +57,20 @@ impl ArenaBatchStore {
             })
             .collect::<Result<_>>()?;
         let embed = off("model.embed_tokens.weight")?;
-        let lm_head = if ck.config.tie_word_embeddings { embed } else { off("lm_head.weight")? };
-        Ok(ArenaBatchStore { cfg: ck.config.clone(), layers, embed, lm_head, norms: Vec::new(), window: Region::default(), cache })
+        let lm_head = if ck.config.tie_word_embeddings {
+            embed
+        } else {
+            off("lm_head.weight")?
+        };
+        Ok(ArenaBatchStore {
+            cfg: ck.config.clone(),
+            layers,
+            embed,
+            lm_head,
+            norms: Vec::new(),
+            window: Region::default(),
+            cache,
+        })
     }
 
     /// Copies rows `rows` of the `k`-column matrix at payload offset `base` to byte `at` of the
@@ -66,7 +78,9 @@ impl ArenaBatchStore {
     fn stage(&self, ops: &mut Ops, base: usize, k: usize, rows: &Rows, at: usize) -> Region {
         let (start, len) = (base + rows.start * k * 4, rows.len() * k * 4);
         let dst = self.window.sub(at, len);
-        ops.arena.slice_mut::<u8>(dst).copy_from_slice(&self.cache.payload()[start..start + len]);
+        ops.arena
+            .slice_mut::<u8>(dst)
+            .copy_from_slice(&self.cache.payload()[start..start + len]);
         dst
     }
 
@@ -89,25 +103,46 @@ impl WeightStore for ArenaBatchStore {
 
     fn upload(&mut self, ops: &mut Ops) -> Result<()> {
         let used = ops.arena.used();
-        for e in self.cache.header.tensors.iter().filter(|e| e.q == crate::fixed::Q_NORM) {
+        for e in self
+            .cache
+            .header
+            .tensors
+            .iter()
+            .filter(|e| e.q == crate::fixed::Q_NORM)
+        {
             let r = ops.arena.alloc(e.len, "norm weights")?;
-            ops.arena.slice_mut::<u8>(r).copy_from_slice(&self.cache.payload()[e.offset..e.offset + e.len]);
+            ops.arena
+                .slice_mut::<u8>(r)
+                .copy_from_slice(&self.cache.payload()[e.offset..e.offset + e.len]);
             self.norms.push((e.name.clone(), r));
         }
         let left = WEIGHT_BYTES.checked_sub(ops.arena.used() - used).filter(|l| *l >= 64 * PAGE).ok_or_else(|| Error::Resources {
             msg: format!("norm weights take {} bytes: no room for a window in the {WEIGHT_BYTES}-byte budget", ops.arena.used() - used),
         })?;
         self.window = ops.arena.alloc(left, "weight window")?;
-        let widest = self.cfg.hidden_size.max(self.cfg.intermediate_size).max(self.cfg.q_dim());
+        let widest = self
+            .cfg
+            .hidden_size
+            .max(self.cfg.intermediate_size)
+            .max(self.cfg.q_dim());
         if self.window.len < 2 * widest * 4 * 8 {
-            return Err(Error::Resources { msg: format!("a {}-byte window cannot hold 8 rows of two {widest}-wide matrices", self.window.len) });
+            return Err(Error::Resources {
+                msg: format!(
+                    "a {}-byte window cannot hold 8 rows of two {widest}-wide matrices",
+                    self.window.len
+                ),
+            });
         }
         Ok(())
     }
 
     fn norm(&self, n: Norm) -> Region {
         let name = n.tensor_name();
-        self.norms.iter().find(|(t, _)| *t == name).map(|(_, r)| *r).expect("norm weights are uploaded for every tensor_specs norm")
+        self.norms
+            .iter()
+            .find(|(t, _)| *t == name)
+            .map(|(_, r)| *r)
+            .expect("norm weights are uploaded for every tensor_specs norm")
     }
 
     fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()> {
@@ -116,7 +151,15 @@ impl WeightStore for ArenaBatchStore {
         ops.embed(row, 0, h, x)
     }
 
-    fn matvec(&mut self, ops: &mut Ops, m: Linear, x: Region, y: Region, rows: Rows, accumulate: bool) -> Result<()> {
+    fn matvec(
+        &mut self,
+        ops: &mut Ops,
+        m: Linear,
+        x: Region,
+        y: Region,
+        rows: Rows,
+        accumulate: bool,
+    ) -> Result<()> {
         let k = super::linear_cols(&self.cfg, m);
         let base = match m {
             Linear::Qkv(l) => self.layers[l].qkv,
@@ -130,7 +173,15 @@ impl WeightStore for ArenaBatchStore {
         Ok(())
     }
 
-    fn gate_up_swiglu(&mut self, ops: &mut Ops, layer: usize, x: Region, y: Region, exp2: Region, rows: Rows) -> Result<()> {
+    fn gate_up_swiglu(
+        &mut self,
+        ops: &mut Ops,
+        layer: usize,
+        x: Region,
+        y: Region,
+        exp2: Region,
+        rows: Rows,
+    ) -> Result<()> {
         let (k, l) = (self.cfg.hidden_size, self.layers[layer]);
         let half = self.window.len / 2 / PAGE * PAGE;
         for b in self.batches(rows, k, 2).collect::<Vec<_>>() {
@@ -141,7 +192,13 @@ impl WeightStore for ArenaBatchStore {
         Ok(())
     }
 
-    fn lm_head(&mut self, ops: &mut Ops, x: Region, logits: Option<Region>, rows: Rows) -> Result<(usize, i32)> {
+    fn lm_head(
+        &mut self,
+        ops: &mut Ops,
+        x: Region,
+        logits: Option<Region>,
+        rows: Rows,
+    ) -> Result<(usize, i32)> {
         let k = self.cfg.hidden_size;
         let mut best = (rows.start, i32::MIN);
         for b in self.batches(rows, k, 1).collect::<Vec<_>>() {

@@ -11,7 +11,7 @@
 //! [4096*k ..)   payload, starting at the first page boundary after the header
 //! ```
 //! A file is used only if its magic, version, format, checkpoint identity, config, length and
-//! checksum all match, its header is exactly as [`write`] serialises it and its padding is zero.
+//! checksum all match, its header is exactly as [`fn@write`] serialises it and its padding is zero.
 //! The checksum covers the header (with the checksum field zeroed) and the payload, so a file is
 //! accepted only byte for byte as written: anything else (truncated, bit-flipped, stale, another
 //! format, an edited tensor table) is reported by [`open`] as a reason, and the caller rebuilds it.
@@ -81,10 +81,14 @@ impl CacheFile {
 
     /// The entry called `name`.
     pub fn entry(&self, name: &str) -> Result<&Entry> {
-        self.header.tensors.iter().find(|e| e.name == name).ok_or_else(|| Error::Cache {
-            path: self.path.clone(),
-            msg: format!("no tensor `{name}` in the cache"),
-        })
+        self.header
+            .tensors
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| Error::Cache {
+                path: self.path.clone(),
+                msg: format!("no tensor `{name}` in the cache"),
+            })
     }
 
     /// The bytes of entry `name`.
@@ -95,8 +99,10 @@ impl CacheFile {
 
     /// Entry `name` as i32 values.
     pub fn i32s(&self, name: &str) -> Result<&[i32]> {
-        bytemuck::try_cast_slice(self.bytes(name)?)
-            .map_err(|e| Error::Cache { path: self.path.clone(), msg: format!("`{name}`: {e}") })
+        bytemuck::try_cast_slice(self.bytes(name)?).map_err(|e| Error::Cache {
+            path: self.path.clone(),
+            msg: format!("`{name}`: {e}"),
+        })
     }
 }
 
@@ -118,10 +124,17 @@ pub fn checksum(data: &[u8]) -> u64 {
 /// Opens `path` and checks it against `want` (format, identity and config; tensors, payload size
 /// and checksum are taken from the file and verified). `Ok(Err(reason))` means "present but
 /// unusable: rebuild"; `Err` is reserved for I/O failures other than a missing file.
-pub fn open(path: &Path, format: &str, identity: &str, config: &Config) -> Result<std::result::Result<CacheFile, String>> {
+pub fn open(
+    path: &Path,
+    format: &str,
+    identity: &str,
+    config: &Config,
+) -> Result<std::result::Result<CacheFile, String>> {
     let mut f = match File::open(path) {
         Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Err("no cache file yet".into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(Err("no cache file yet".into()))
+        }
         Err(e) => return Err(Error::io(path, e)),
     };
     let len = f.metadata().map_err(|e| Error::io(path, e))?.len() as usize;
@@ -134,11 +147,15 @@ pub fn open(path: &Path, format: &str, identity: &str, config: &Config) -> Resul
     }
     let version = u32::from_le_bytes(head[8..12].try_into().unwrap());
     if version != VERSION {
-        return Ok(Err(format!("format version {version}, this build writes {VERSION}")));
+        return Ok(Err(format!(
+            "format version {version}, this build writes {VERSION}"
+        )));
     }
     let hlen = u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize;
     if hlen > MAX_HEADER || 16 + hlen > len {
-        return Ok(Err(format!("header of {hlen} bytes does not fit a {len}-byte file")));
+        return Ok(Err(format!(
+            "header of {hlen} bytes does not fit a {len}-byte file"
+        )));
     }
     let mut hbuf = vec![0u8; hlen];
     if f.read_exact(&mut hbuf).is_err() {
@@ -152,7 +169,10 @@ pub fn open(path: &Path, format: &str, identity: &str, config: &Config) -> Resul
         return Ok(Err("header is not as written (edited or padded)".into()));
     }
     if header.format != format || header.version != VERSION {
-        return Ok(Err(format!("holds format {:?} v{}, wanted {format:?} v{VERSION}", header.format, header.version)));
+        return Ok(Err(format!(
+            "holds format {:?} v{}, wanted {format:?} v{VERSION}",
+            header.format, header.version
+        )));
     }
     if header.identity != identity {
         return Ok(Err("made from another checkpoint (identity differs)".into()));
@@ -162,9 +182,16 @@ pub fn open(path: &Path, format: &str, identity: &str, config: &Config) -> Resul
     }
     let payload_at = (16 + hlen).div_ceil(4096) * 4096;
     if payload_at.checked_add(header.payload_bytes) != Some(len) {
-        return Ok(Err(format!("truncated or padded: {len} bytes, header says {}", payload_at + header.payload_bytes)));
+        return Ok(Err(format!(
+            "truncated or padded: {len} bytes, header says {}",
+            payload_at + header.payload_bytes
+        )));
     }
-    if header.tensors.iter().any(|e| e.offset.checked_add(e.len).is_none_or(|end| end > header.payload_bytes)) {
+    if header.tensors.iter().any(|e| {
+        e.offset
+            .checked_add(e.len)
+            .is_none_or(|end| end > header.payload_bytes)
+    }) {
         return Ok(Err("a tensor lies outside the payload".into()));
     }
     f.seek(SeekFrom::Start(0)).map_err(|e| Error::io(path, e))?;
@@ -173,11 +200,22 @@ pub fn open(path: &Path, format: &str, identity: &str, config: &Config) -> Resul
     if map[16 + hlen..payload_at].iter().any(|&b| b != 0) {
         return Ok(Err("non-zero bytes between header and payload".into()));
     }
-    let got = format!("{:016x}", file_checksum(checksum(&map[payload_at..]), &header));
+    let got = format!(
+        "{:016x}",
+        file_checksum(checksum(&map[payload_at..]), &header)
+    );
     if got != header.checksum {
-        return Ok(Err(format!("checksum mismatch (file {got}, header {})", header.checksum)));
+        return Ok(Err(format!(
+            "checksum mismatch (file {got}, header {})",
+            header.checksum
+        )));
     }
-    Ok(Ok(CacheFile { path: path.into(), header, map, payload_at }))
+    Ok(Ok(CacheFile {
+        path: path.into(),
+        header,
+        map,
+        payload_at,
+    }))
 }
 
 /// Writes a cache file atomically: `fill` streams the payload (whose layout `tensors` describes)
@@ -196,9 +234,14 @@ pub fn write(
     std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
     let tmp = dir.join(format!(
         ".{}.{}.{}.tmp",
-        path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        path.file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         std::process::id(),
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
     ));
     let result = (|| {
         let mut header = Header {
@@ -211,11 +254,14 @@ pub fn write(
             checksum: format!("{:016x}", 0u64),
         };
         // The header's length must not depend on the checksum: it is fixed-width hex.
-        let hlen = serde_json::to_vec(&header).map_err(|e| Error::Invalid(e.to_string()))?.len();
+        let hlen = serde_json::to_vec(&header)
+            .map_err(|e| Error::Invalid(e.to_string()))?
+            .len();
         let payload_at = (16 + hlen).div_ceil(4096) * 4096;
         let f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
         let mut w = std::io::BufWriter::with_capacity(8 << 20, f);
-        w.seek(SeekFrom::Start(payload_at as u64)).map_err(|e| Error::io(&tmp, e))?;
+        w.seek(SeekFrom::Start(payload_at as u64))
+            .map_err(|e| Error::io(&tmp, e))?;
         let mut written = 0usize;
         let mut hasher = Checksum::new(payload_bytes);
         fill(&mut |bytes: &[u8]| {
@@ -224,15 +270,23 @@ pub fn write(
             w.write_all(bytes).map_err(|e| Error::io(&tmp, e))
         })?;
         if written != payload_bytes {
-            return Err(Error::Invalid(format!("cache payload: wrote {written} bytes, layout says {payload_bytes}")));
+            return Err(Error::Invalid(format!(
+                "cache payload: wrote {written} bytes, layout says {payload_bytes}"
+            )));
         }
         header.checksum = format!("{:016x}", file_checksum(hasher.finish(), &header));
         let hjson = serde_json::to_vec(&header).map_err(|e| Error::Invalid(e.to_string()))?;
         debug_assert_eq!(hjson.len(), hlen);
         w.seek(SeekFrom::Start(0)).map_err(|e| Error::io(&tmp, e))?;
-        w.write_all(MAGIC).and_then(|_| w.write_all(&VERSION.to_le_bytes())).map_err(|e| Error::io(&tmp, e))?;
-        w.write_all(&(hjson.len() as u32).to_le_bytes()).and_then(|_| w.write_all(&hjson)).map_err(|e| Error::io(&tmp, e))?;
-        let f = w.into_inner().map_err(|e| Error::io(&tmp, e.into_error()))?;
+        w.write_all(MAGIC)
+            .and_then(|_| w.write_all(&VERSION.to_le_bytes()))
+            .map_err(|e| Error::io(&tmp, e))?;
+        w.write_all(&(hjson.len() as u32).to_le_bytes())
+            .and_then(|_| w.write_all(&hjson))
+            .map_err(|e| Error::io(&tmp, e))?;
+        let f = w
+            .into_inner()
+            .map_err(|e| Error::io(&tmp, e.into_error()))?;
         f.sync_all().map_err(|e| Error::io(&tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
     })();
@@ -245,7 +299,10 @@ pub fn write(
 /// The checksum a file stores: [`checksum`] of the payload's checksum and the header serialised
 /// with its checksum field zeroed, so that an edited tensor table is caught like a flipped bit.
 fn file_checksum(payload_sum: u64, header: &Header) -> u64 {
-    let zeroed = Header { checksum: format!("{:016x}", 0u64), ..header.clone() };
+    let zeroed = Header {
+        checksum: format!("{:016x}", 0u64),
+        ..header.clone()
+    };
     let json = serde_json::to_vec(&zeroed).unwrap_or_default();
     checksum(&[&payload_sum.to_le_bytes()[..], &json].concat())
 }
@@ -258,7 +315,10 @@ struct Checksum {
 
 impl Checksum {
     fn new(total_len: usize) -> Checksum {
-        Checksum { h: 0x9E37_79B9_7F4A_7C15 ^ total_len as u64, pending: Vec::with_capacity(8) }
+        Checksum {
+            h: 0x9E37_79B9_7F4A_7C15 ^ total_len as u64,
+            pending: Vec::with_capacity(8),
+        }
     }
     fn word(&mut self, w: u64) {
         self.h = (self.h ^ w).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
@@ -302,6 +362,10 @@ mod tests {
         }
         let mut flipped = data.clone();
         flipped[500] ^= 4;
-        assert_ne!(checksum(&flipped), checksum(&data), "one flipped bit must change the checksum");
+        assert_ne!(
+            checksum(&flipped),
+            checksum(&data),
+            "one flipped bit must change the checksum"
+        );
     }
 }

@@ -43,9 +43,23 @@ pub struct Plan {
 /// f32 reference): 8-bit q/k/v halves the tiny model's mean |Δlogit| (0.21 → 0.10) but costs
 /// ~20 ms/token at the 0.6B shape (87 → 103 ms) and does not restore the argmax there, where
 /// 4-bit group-wise rounding is not usable on the synthetic checkpoint either way; see README.
-pub const INT4: Plan = Plan { name: "int4", qkv: W4A8, o: W4A8, gate_up: W4A8, down: W4A8, lm_head: W8A16 };
+pub const INT4: Plan = Plan {
+    name: "int4",
+    qkv: W4A8,
+    o: W4A8,
+    gate_up: W4A8,
+    down: W4A8,
+    lm_head: W8A16,
+};
 /// INT8: every matrix 8-bit with 16-bit activations.
-pub const INT8: Plan = Plan { name: "int8", qkv: W8A16, o: W8A16, gate_up: W8A16, down: W8A16, lm_head: W8A16 };
+pub const INT8: Plan = Plan {
+    name: "int8",
+    qkv: W8A16,
+    o: W8A16,
+    gate_up: W8A16,
+    down: W8A16,
+    lm_head: W8A16,
+};
 
 /// The matrices of one layer in the arena.
 #[derive(Debug, Clone, Copy)]
@@ -79,7 +93,10 @@ fn file_name(plan: &Plan) -> String {
 /// The cache's format string: the plan in full, so that a file written under another plan is
 /// detected as stale.
 fn format_of(plan: &Plan) -> String {
-    format!("{}:quantiser=mse-v1:qkv={},o={},gate_up={},down={},lm_head={}", plan.name, plan.qkv.name, plan.o.name, plan.gate_up.name, plan.down.name, plan.lm_head.name)
+    format!(
+        "{}:quantiser=mse-v1:qkv={},o={},gate_up={},down={},lm_head={}",
+        plan.name, plan.qkv.name, plan.o.name, plan.gate_up.name, plan.down.name, plan.lm_head.name
+    )
 }
 
 /// The matrices of the cache, in payload order: (name, rows, cols, format, HF tensors stacked).
@@ -89,36 +106,91 @@ fn matrices(cfg: &Config, plan: &Plan) -> Vec<(String, usize, usize, Format, Vec
     for l in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{l}");
         let t = |n: &str| format!("{p}.{n}.weight");
-        v.push((format!("{p}.self_attn.qkv"), cfg.q_dim() + 2 * cfg.kv_dim(), h, plan.qkv, vec![t("self_attn.q_proj"), t("self_attn.k_proj"), t("self_attn.v_proj")]));
-        v.push((format!("{p}.self_attn.o"), h, cfg.q_dim(), plan.o, vec![t("self_attn.o_proj")]));
-        v.push((format!("{p}.mlp.gate_up"), 2 * ffn, h, plan.gate_up, vec![t("mlp.gate_proj"), t("mlp.up_proj")]));
-        v.push((format!("{p}.mlp.down"), h, ffn, plan.down, vec![t("mlp.down_proj")]));
+        v.push((
+            format!("{p}.self_attn.qkv"),
+            cfg.q_dim() + 2 * cfg.kv_dim(),
+            h,
+            plan.qkv,
+            vec![
+                t("self_attn.q_proj"),
+                t("self_attn.k_proj"),
+                t("self_attn.v_proj"),
+            ],
+        ));
+        v.push((
+            format!("{p}.self_attn.o"),
+            h,
+            cfg.q_dim(),
+            plan.o,
+            vec![t("self_attn.o_proj")],
+        ));
+        v.push((
+            format!("{p}.mlp.gate_up"),
+            2 * ffn,
+            h,
+            plan.gate_up,
+            vec![t("mlp.gate_proj"), t("mlp.up_proj")],
+        ));
+        v.push((
+            format!("{p}.mlp.down"),
+            h,
+            ffn,
+            plan.down,
+            vec![t("mlp.down_proj")],
+        ));
     }
-    let head = if cfg.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
-    v.push(("lm_head".into(), cfg.vocab_size, h, plan.lm_head, vec![head.into()]));
+    let head = if cfg.tie_word_embeddings {
+        "model.embed_tokens.weight"
+    } else {
+        "lm_head.weight"
+    };
+    v.push((
+        "lm_head".into(),
+        cfg.vocab_size,
+        h,
+        plan.lm_head,
+        vec![head.into()],
+    ));
     v
 }
 
 /// Bytes of the packed words and the scales of a `rows` × `cols` matrix in `f`.
 fn packed_bytes(f: Format, rows: usize, cols: usize) -> (usize, usize) {
-    (rows * cols * f.bits as usize / 8, rows * (cols / swar::GROUP) * 4)
+    (
+        rows * cols * f.bits as usize / 8,
+        rows * (cols / swar::GROUP) * 4,
+    )
 }
 
 /// Opens the cache of `plan` for `ck` in `cache_dir`, (re)building it when missing or unusable.
-fn open_or_convert(ck: &Checkpoint, cache_dir: &Path, plan: &Plan, progress: bool) -> Result<CacheFile> {
+fn open_or_convert(
+    ck: &Checkpoint,
+    cache_dir: &Path,
+    plan: &Plan,
+    progress: bool,
+) -> Result<CacheFile> {
     let path = cache_dir.join(file_name(plan));
     let identity = ck.identity();
     let format = format_of(plan);
     match cache::open(&path, &format, &identity, &ck.config)? {
         Ok(c) => return Ok(c),
-        Err(reason) if progress => eprintln!("qwen_bpf: quantising weights to {} ({}: {reason})", plan.name, path.display()),
+        Err(reason) if progress => eprintln!(
+            "qwen_bpf: quantising weights to {} ({}: {reason})",
+            plan.name,
+            path.display()
+        ),
         Err(_) => {}
     }
     let cfg = &ck.config;
     let mut entries = Vec::new();
     let mut off = 0usize;
     let mut push = |name: String, q: u32, len: usize| {
-        entries.push(Entry { name, q, offset: off, len });
+        entries.push(Entry {
+            name,
+            q,
+            offset: off,
+            len,
+        });
         off += len;
     };
     for (name, shape) in tensor_specs(cfg) {
@@ -144,7 +216,10 @@ fn open_or_convert(ck: &Checkpoint, cache_dir: &Path, plan: &Plan, progress: boo
                 let vals = ck.tensor_f32(&name)?;
                 buf.clear();
                 for (i, &v) in vals.iter().enumerate() {
-                    buf.extend_from_slice(&fixed::to_fixed(v, q, if q == Q_W { "Q24" } else { "Q20" }, &name, i)?.to_le_bytes());
+                    buf.extend_from_slice(
+                        &fixed::to_fixed(v, q, if q == Q_W { "Q24" } else { "Q20" }, &name, i)?
+                            .to_le_bytes(),
+                    );
                 }
                 sink(&buf)?;
             }
@@ -174,7 +249,10 @@ fn open_or_convert(ck: &Checkpoint, cache_dir: &Path, plan: &Plan, progress: boo
     }
     match cache::open(&path, &format, &identity, cfg)? {
         Ok(c) => Ok(c),
-        Err(reason) => Err(Error::Cache { path, msg: format!("freshly written cache is unusable: {reason}") }),
+        Err(reason) => Err(Error::Cache {
+            path,
+            msg: format!("freshly written cache is unusable: {reason}"),
+        }),
     }
 }
 
@@ -195,23 +273,51 @@ impl IntStore {
         })
     }
 
-    fn upload_matrix(&self, ops: &mut Ops, name: &str, rows: usize, cols: usize, f: Format) -> Result<PackedRegions> {
-        let (wb, sb) = (self.cache.bytes(&format!("{name}.words"))?, self.cache.bytes(&format!("{name}.scales"))?);
+    fn upload_matrix(
+        &self,
+        ops: &mut Ops,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        f: Format,
+    ) -> Result<PackedRegions> {
+        let (wb, sb) = (
+            self.cache.bytes(&format!("{name}.words"))?,
+            self.cache.bytes(&format!("{name}.scales"))?,
+        );
         let words = ops.arena.alloc(wb.len(), "packed weights")?;
         ops.arena.slice_mut::<u8>(words).copy_from_slice(wb);
         let scales = ops.arena.alloc(sb.len(), "weight scales")?;
         ops.arena.slice_mut::<u8>(scales).copy_from_slice(sb);
-        Ok(PackedRegions { format: f, words, scales, rows, cols })
+        Ok(PackedRegions {
+            format: f,
+            words,
+            scales,
+            rows,
+            cols,
+        })
     }
 
     /// The quantised-activation buffer for `k` columns in format `f`, after quantising `x` into it.
     fn quantize(&self, ops: &mut Ops, x: Region, k: usize, f: Format) -> Result<QuantXRegion> {
-        let xq = *self.xq.iter().find(|q| q.k == k && q.format == f).expect("a buffer for every (k, format) in the plan");
+        let xq = *self
+            .xq
+            .iter()
+            .find(|q| q.k == k && q.format == f)
+            .expect("a buffer for every (k, format) in the plan");
         ops.quantize_x(x, &xq)?;
         Ok(xq)
     }
 
-    fn run(&self, ops: &mut Ops, m: &PackedRegions, xq: &QuantXRegion, y: Region, rows: Rows, accumulate: bool) -> Result<()> {
+    fn run(
+        &self,
+        ops: &mut Ops,
+        m: &PackedRegions,
+        xq: &QuantXRegion,
+        y: Region,
+        rows: Rows,
+        accumulate: bool,
+    ) -> Result<()> {
         if m.format == W4A8 {
             ops.w4a8_matvec(m, xq, y, rows, accumulate)
         } else {
@@ -227,18 +333,27 @@ impl WeightStore for IntStore {
 
     fn arena_bytes(&self) -> usize {
         // everything but the embedding table, which stays in the file; plus staging and scratch
-        let embed = self.cache.entry("model.embed_tokens.weight").map(|e| e.len).unwrap_or(0);
+        let embed = self
+            .cache
+            .entry("model.embed_tokens.weight")
+            .map(|e| e.len)
+            .unwrap_or(0);
         let c = &self.cfg;
-        let scratch = 4 * (swar::QuantX::bytes(c.hidden_size.max(c.intermediate_size).max(c.q_dim())) + 4096)
+        let scratch = 4
+            * (swar::QuantX::bytes(c.hidden_size.max(c.intermediate_size).max(c.q_dim())) + 4096)
             + 2 * c.intermediate_size * 4
             + c.hidden_size * 4;
-        self.cache.header.payload_bytes - embed + scratch + 4096 * (self.cache.header.tensors.len() + 16)
+        self.cache.header.payload_bytes - embed
+            + scratch
+            + 4096 * (self.cache.header.tensors.len() + 16)
     }
 
     fn upload(&mut self, ops: &mut Ops) -> Result<()> {
         for e in self.cache.header.tensors.iter().filter(|e| e.q == Q_NORM) {
             let r = ops.arena.alloc(e.len, "norm weights")?;
-            ops.arena.slice_mut::<u8>(r).copy_from_slice(&self.cache.payload()[e.offset..e.offset + e.len]);
+            ops.arena
+                .slice_mut::<u8>(r)
+                .copy_from_slice(&self.cache.payload()[e.offset..e.offset + e.len]);
             self.norms.push((e.name.clone(), r));
         }
         let c = self.cfg.clone();
@@ -247,9 +362,17 @@ impl WeightStore for IntStore {
             if name == "lm_head" {
                 self.lm_head = Some(m);
             } else if name.ends_with(".qkv") {
-                self.layers.push(LayerMats { qkv: m, o: m, gate_up: m, down: m });
+                self.layers.push(LayerMats {
+                    qkv: m,
+                    o: m,
+                    gate_up: m,
+                    down: m,
+                });
             } else {
-                let l = self.layers.last_mut().expect("qkv comes first in each layer");
+                let l = self
+                    .layers
+                    .last_mut()
+                    .expect("qkv comes first in each layer");
                 match name.rsplit('.').next() {
                     Some("o") => l.o = m,
                     Some("gate_up") => l.gate_up = m,
@@ -269,25 +392,41 @@ impl WeightStore for IntStore {
         for (k, f) in wanted {
             self.xq.push(ops.alloc_quant_x(k, f)?);
         }
-        self.gate_up_out = ops.arena.alloc(2 * c.intermediate_size * 4, "gate/up outputs")?;
+        self.gate_up_out = ops
+            .arena
+            .alloc(2 * c.intermediate_size * 4, "gate/up outputs")?;
         self.embed_row = ops.arena.alloc(c.hidden_size * 4, "embedding row")?;
         Ok(())
     }
 
     fn norm(&self, n: Norm) -> Region {
         let name = n.tensor_name();
-        self.norms.iter().find(|(t, _)| *t == name).map(|(_, r)| *r).expect("norm weights are uploaded for every tensor_specs norm")
+        self.norms
+            .iter()
+            .find(|(t, _)| *t == name)
+            .map(|(_, r)| *r)
+            .expect("norm weights are uploaded for every tensor_specs norm")
     }
 
     fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()> {
         let h = self.cfg.hidden_size;
         let table = self.cache.bytes("model.embed_tokens.weight")?;
         let row = &table[token as usize * h * 4..(token as usize + 1) * h * 4];
-        ops.arena.slice_mut::<u8>(self.embed_row).copy_from_slice(row);
+        ops.arena
+            .slice_mut::<u8>(self.embed_row)
+            .copy_from_slice(row);
         ops.embed(self.embed_row, 0, h, x)
     }
 
-    fn matvec(&mut self, ops: &mut Ops, m: Linear, x: Region, y: Region, rows: Rows, accumulate: bool) -> Result<()> {
+    fn matvec(
+        &mut self,
+        ops: &mut Ops,
+        m: Linear,
+        x: Region,
+        y: Region,
+        rows: Rows,
+        accumulate: bool,
+    ) -> Result<()> {
         let (mat, k) = match m {
             Linear::Qkv(l) => (self.layers[l].qkv, linear_cols(&self.cfg, m)),
             Linear::O(l) => (self.layers[l].o, linear_cols(&self.cfg, m)),
@@ -297,7 +436,15 @@ impl WeightStore for IntStore {
         self.run(ops, &mat, &xq, y, rows, accumulate)
     }
 
-    fn gate_up_swiglu(&mut self, ops: &mut Ops, layer: usize, x: Region, y: Region, exp2: Region, rows: Rows) -> Result<()> {
+    fn gate_up_swiglu(
+        &mut self,
+        ops: &mut Ops,
+        layer: usize,
+        x: Region,
+        y: Region,
+        exp2: Region,
+        rows: Rows,
+    ) -> Result<()> {
         let (ffn, mat) = (self.cfg.intermediate_size, self.layers[layer].gate_up);
         let xq = self.quantize(ops, x, self.cfg.hidden_size, mat.format)?;
         let out = self.gate_up_out;
@@ -307,11 +454,26 @@ impl WeightStore for IntStore {
             self.run(ops, &mat, &xq, out, rows.clone(), false)?;
             self.run(ops, &mat, &xq, out, ffn + rows.start..ffn + rows.end, false)?;
         }
-        let (g, u) = (out.sub(rows.start * 4, rows.len() * 4), out.sub((ffn + rows.start) * 4, rows.len() * 4));
-        ops.swiglu(g, u, y.sub(rows.start * 4, rows.len() * 4), exp2, rows.len())
+        let (g, u) = (
+            out.sub(rows.start * 4, rows.len() * 4),
+            out.sub((ffn + rows.start) * 4, rows.len() * 4),
+        );
+        ops.swiglu(
+            g,
+            u,
+            y.sub(rows.start * 4, rows.len() * 4),
+            exp2,
+            rows.len(),
+        )
     }
 
-    fn lm_head(&mut self, ops: &mut Ops, x: Region, logits: Option<Region>, rows: Rows) -> Result<(usize, i32)> {
+    fn lm_head(
+        &mut self,
+        ops: &mut Ops,
+        x: Region,
+        logits: Option<Region>,
+        rows: Rows,
+    ) -> Result<(usize, i32)> {
         let head = self.lm_head.expect("uploaded");
         let xq = self.quantize(ops, x, self.cfg.hidden_size, head.format)?;
         if head.format == W4A8 {

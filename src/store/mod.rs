@@ -72,11 +72,33 @@ pub trait WeightStore: Send {
     /// `x = embed_tokens[token]` in Q16.
     fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()>;
     /// `y[rows] (+)= W[rows] · x`.
-    fn matvec(&mut self, ops: &mut Ops, m: Linear, x: Region, y: Region, rows: Rows, accumulate: bool) -> Result<()>;
+    fn matvec(
+        &mut self,
+        ops: &mut Ops,
+        m: Linear,
+        x: Region,
+        y: Region,
+        rows: Rows,
+        accumulate: bool,
+    ) -> Result<()>;
     /// `y[rows] = silu(gate[rows] · x) * (up[rows] · x)` for `layer`.
-    fn gate_up_swiglu(&mut self, ops: &mut Ops, layer: usize, x: Region, y: Region, exp2: Region, rows: Rows) -> Result<()>;
+    fn gate_up_swiglu(
+        &mut self,
+        ops: &mut Ops,
+        layer: usize,
+        x: Region,
+        y: Region,
+        exp2: Region,
+        rows: Rows,
+    ) -> Result<()>;
     /// Logits of `rows` (written to `logits` when given) and their argmax (row, Q16 logit).
-    fn lm_head(&mut self, ops: &mut Ops, x: Region, logits: Option<Region>, rows: Rows) -> Result<(usize, i32)>;
+    fn lm_head(
+        &mut self,
+        ops: &mut Ops,
+        x: Region,
+        logits: Option<Region>,
+        rows: Rows,
+    ) -> Result<(usize, i32)>;
 }
 
 /// Rows of a linear layer for `cfg`.
@@ -111,12 +133,29 @@ pub enum Backend {
 
 impl Backend {
     /// Opens the store for `ck`, converting (and caching in `cache_dir`) as needed.
-    pub fn open(self, ck: &Checkpoint, cache_dir: &Path, progress: bool) -> Result<Box<dyn WeightStore>> {
+    pub fn open(
+        self,
+        ck: &Checkpoint,
+        cache_dir: &Path,
+        progress: bool,
+    ) -> Result<Box<dyn WeightStore>> {
         match self {
             Backend::Q24 => Ok(Box::new(q24::Q24Store::open(ck, cache_dir, progress)?)),
-            Backend::Arena => Ok(Box::new(arena_batch::ArenaBatchStore::open(ck, cache_dir, progress)?)),
-            Backend::Int4 => Ok(Box::new(int::IntStore::open(ck, cache_dir, int::INT4, progress)?)),
-            Backend::Int8 => Ok(Box::new(int::IntStore::open(ck, cache_dir, int::INT8, progress)?)),
+            Backend::Arena => Ok(Box::new(arena_batch::ArenaBatchStore::open(
+                ck, cache_dir, progress,
+            )?)),
+            Backend::Int4 => Ok(Box::new(int::IntStore::open(
+                ck,
+                cache_dir,
+                int::INT4,
+                progress,
+            )?)),
+            Backend::Int8 => Ok(Box::new(int::IntStore::open(
+                ck,
+                cache_dir,
+                int::INT8,
+                progress,
+            )?)),
         }
     }
 

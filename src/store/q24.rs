@@ -34,14 +34,20 @@ pub fn open_or_convert(ck: &Checkpoint, cache_dir: &Path, progress: bool) -> Res
         Ok(c) => return Ok(c),
         Err(reason) => {
             if progress {
-                eprintln!("qwen_bpf: converting weights to Q24 ({}: {reason})", path.display());
+                eprintln!(
+                    "qwen_bpf: converting weights to Q24 ({}: {reason})",
+                    path.display()
+                );
             }
         }
     }
     convert(ck, &path, progress)?;
     match cache::open(&path, "q24", &identity, &ck.config)? {
         Ok(c) => Ok(c),
-        Err(reason) => Err(Error::Cache { path, msg: format!("freshly written cache is unusable: {reason}") }),
+        Err(reason) => Err(Error::Cache {
+            path,
+            msg: format!("freshly written cache is unusable: {reason}"),
+        }),
     }
 }
 
@@ -52,17 +58,29 @@ pub fn convert(ck: &Checkpoint, path: &Path, progress: bool) -> Result<()> {
     let mut off = 0usize;
     for (name, shape) in &specs {
         let len = shape.iter().product::<usize>() * 4;
-        entries.push(Entry { name: name.clone(), q: q_of(shape), offset: off, len });
+        entries.push(Entry {
+            name: name.clone(),
+            q: q_of(shape),
+            offset: off,
+            len,
+        });
         off += len;
     }
-    let total: u64 = specs.iter().map(|(_, s)| s.iter().product::<usize>() as u64).sum();
+    let total: u64 = specs
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() as u64)
+        .sum();
     let bar = progress.then(|| crate::progress_bar(total, "Q24"));
     cache::write(path, "q24", &ck.identity(), &ck.config, entries, |sink| {
         let mut f32s = Vec::new();
         let mut out: Vec<u8> = Vec::new();
         for (name, shape) in &specs {
             let q = q_of(shape);
-            let (rows, cols) = if shape.len() == 2 { (shape[0], shape[1]) } else { (1, shape[0]) };
+            let (rows, cols) = if shape.len() == 2 {
+                (shape[0], shape[1])
+            } else {
+                (1, shape[0])
+            };
             let chunk = (1 << 20) / cols.max(1) + 1;
             let mut r = 0;
             while r < rows {
@@ -118,7 +136,14 @@ impl Q24Store {
     /// Opens (converting if needed) the Q24 cache of `ck` in `cache_dir`.
     pub fn open(ck: &Checkpoint, cache_dir: &Path, progress: bool) -> Result<Q24Store> {
         let cache = open_or_convert(ck, cache_dir, progress)?;
-        Ok(Q24Store { cache, cfg: ck.config.clone(), layers: Vec::new(), embed: Region::default(), lm_head: Region::default(), final_norm: Region::default() })
+        Ok(Q24Store {
+            cache,
+            cfg: ck.config.clone(),
+            layers: Vec::new(),
+            embed: Region::default(),
+            lm_head: Region::default(),
+            final_norm: Region::default(),
+        })
     }
 
     /// The cache file backing this store.
@@ -140,19 +165,39 @@ impl WeightStore for Q24Store {
         let payload = self.cache.payload();
         let all = ops.arena.alloc(payload.len(), "Q24 weights")?;
         ops.arena.slice_mut::<u8>(all).copy_from_slice(payload);
-        let at: HashMap<&str, Region> =
-            self.cache.header.tensors.iter().map(|e| (e.name.as_str(), all.sub(e.offset, e.len))).collect();
-        let get = |n: &str| at.get(n).copied().ok_or_else(|| Error::Cache { path: self.cache.path.clone(), msg: format!("no tensor `{n}`") });
+        let at: HashMap<&str, Region> = self
+            .cache
+            .header
+            .tensors
+            .iter()
+            .map(|e| (e.name.as_str(), all.sub(e.offset, e.len)))
+            .collect();
+        let get = |n: &str| {
+            at.get(n).copied().ok_or_else(|| Error::Cache {
+                path: self.cache.path.clone(),
+                msg: format!("no tensor `{n}`"),
+            })
+        };
         self.layers = (0..self.cfg.num_hidden_layers)
             .map(|l| {
                 let p = format!("model.layers.{l}");
-                let (q, k, v) = (get(&format!("{p}.self_attn.q_proj.weight"))?, get(&format!("{p}.self_attn.k_proj.weight"))?, get(&format!("{p}.self_attn.v_proj.weight"))?);
+                let (q, k, v) = (
+                    get(&format!("{p}.self_attn.q_proj.weight"))?,
+                    get(&format!("{p}.self_attn.k_proj.weight"))?,
+                    get(&format!("{p}.self_attn.v_proj.weight"))?,
+                );
                 if k.off != q.off + q.len || v.off != k.off + k.len {
-                    return Err(Error::Cache { path: self.cache.path.clone(), msg: format!("layer {l}: q, k, v are not contiguous") });
+                    return Err(Error::Cache {
+                        path: self.cache.path.clone(),
+                        msg: format!("layer {l}: q, k, v are not contiguous"),
+                    });
                 }
                 Ok(LayerRegions {
                     input_norm: get(&Norm::Input(l).tensor_name())?,
-                    qkv: Region { off: q.off, len: q.len + k.len + v.len },
+                    qkv: Region {
+                        off: q.off,
+                        len: q.len + k.len + v.len,
+                    },
                     o: get(&format!("{p}.self_attn.o_proj.weight"))?,
                     q_norm: get(&Norm::Q(l).tensor_name())?,
                     k_norm: get(&Norm::K(l).tensor_name())?,
@@ -164,7 +209,11 @@ impl WeightStore for Q24Store {
             })
             .collect::<Result<_>>()?;
         self.embed = get("model.embed_tokens.weight")?;
-        self.lm_head = if self.cfg.tie_word_embeddings { self.embed } else { get("lm_head.weight")? };
+        self.lm_head = if self.cfg.tie_word_embeddings {
+            self.embed
+        } else {
+            get("lm_head.weight")?
+        };
         self.final_norm = get("model.norm.weight")?;
         Ok(())
     }
@@ -183,7 +232,15 @@ impl WeightStore for Q24Store {
         ops.embed(self.embed, token, self.cfg.hidden_size, x)
     }
 
-    fn matvec(&mut self, ops: &mut Ops, m: Linear, x: Region, y: Region, rows: Rows, accumulate: bool) -> Result<()> {
+    fn matvec(
+        &mut self,
+        ops: &mut Ops,
+        m: Linear,
+        x: Region,
+        y: Region,
+        rows: Rows,
+        accumulate: bool,
+    ) -> Result<()> {
         let w = match m {
             Linear::Qkv(l) => self.layers[l].qkv,
             Linear::O(l) => self.layers[l].o,
@@ -193,12 +250,34 @@ impl WeightStore for Q24Store {
         ops.matvec(rows_of(w, k, &rows), x, y, k, rows, accumulate)
     }
 
-    fn gate_up_swiglu(&mut self, ops: &mut Ops, layer: usize, x: Region, y: Region, exp2: Region, rows: Rows) -> Result<()> {
+    fn gate_up_swiglu(
+        &mut self,
+        ops: &mut Ops,
+        layer: usize,
+        x: Region,
+        y: Region,
+        exp2: Region,
+        rows: Rows,
+    ) -> Result<()> {
         let (l, k) = (self.layers[layer], self.cfg.hidden_size);
-        ops.gate_up_swiglu(rows_of(l.gate, k, &rows), rows_of(l.up, k, &rows), x, y, exp2, k, rows)
+        ops.gate_up_swiglu(
+            rows_of(l.gate, k, &rows),
+            rows_of(l.up, k, &rows),
+            x,
+            y,
+            exp2,
+            k,
+            rows,
+        )
     }
 
-    fn lm_head(&mut self, ops: &mut Ops, x: Region, logits: Option<Region>, rows: Rows) -> Result<(usize, i32)> {
+    fn lm_head(
+        &mut self,
+        ops: &mut Ops,
+        x: Region,
+        logits: Option<Region>,
+        rows: Rows,
+    ) -> Result<(usize, i32)> {
         let k = self.cfg.hidden_size;
         ops.lm_head_argmax(rows_of(self.lm_head, k, &rows), x, logits, k, rows)
     }
