@@ -457,3 +457,49 @@ fn embed_matches_twin() {
         assert_eq!(o.arena.slice::<i64>(rx), &want[..], "embed row {tok}");
     }
 }
+
+#[test]
+fn odd_row_counts_and_ranges_match_twin() {
+    // the kernels take rows two at a time: odd counts and odd range starts end on a single row
+    let mut o = ops();
+    let mut rng = Rng(9);
+    let (rows, k) = (13, 64);
+    let w = rng.vec(rows * k, 1 << 23);
+    let x = rng.vec(k, 1 << 18);
+    let (rw, rx) = (put(&mut o, &w), put(&mut o, &x));
+    let ry = o.arena.alloc(rows * 4, "y").unwrap();
+    for (a, b) in [(0, 5), (5, 13)] {
+        o.matvec(rows_of(rw, k, a..b), rx, ry, k, a..b, false)
+            .unwrap();
+    }
+    let mut want = vec![0; rows];
+    fixed::matvec(&w, &x, 0..rows, &mut want);
+    assert_eq!(
+        get(&o, ry, rows),
+        want,
+        "matvec over rows 0..5 and 5..13: BPF vs twin"
+    );
+    let mut res: Vec<i64> = (0..rows as i64).map(|i| i << 40).collect();
+    let rres = put(&mut o, &res);
+    o.matvec(rows_of(rw, k, 3..10), rx, rres, k, 3..10, true)
+        .unwrap();
+    fixed::matvec_residual(&w, &x, 3..10, &mut res);
+    assert_eq!(
+        o.arena.slice::<i64>(Region {
+            len: rows * 8,
+            ..rres
+        }),
+        &res[..],
+        "residual add over rows 3..10"
+    );
+    for (a, b) in [(0, 13), (1, 12), (4, 5)] {
+        let got = o
+            .lm_head_argmax(rows_of(rw, k, a..b), rx, None, k, a..b)
+            .unwrap();
+        assert_eq!(
+            got,
+            fixed::lm_head_argmax(&w, &x, a..b, None),
+            "argmax over rows {a}..{b}"
+        );
+    }
+}

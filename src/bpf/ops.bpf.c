@@ -235,35 +235,92 @@ __noinline s64 dot_q24(u64 wa, u64 xa, u32 k)
  * its state converged. */
 struct row_ctx {
 	u64 w, w2, x, y, tab, stride;
-	u32 k, row0, flag, best;
+	u32 k, row0, nrows, flag, best;
 	s64 best_val;
 };
 
-/* y[r] = sat(round(W[r] . x / 2^24)) (Q16), or y[r] += round(W[r] . x / 2^8) (Q32 residual) */
-static long matvec_row(u64 i, struct row_ctx *c)
-{
-	u32 r = c->row0 + (u32)i;
-	s64 d = dot_q24(c->w + i * c->stride, c->x, c->k); /* Q40 */
+#define ROWS_STORE 0   /* y (s32 Q16) = W x */
+#define ROWS_RESIDUAL 1 /* y (the s64 Q32 residual stream) += W x, saturating */
+#define ROWS_LOGITS 2  /* y (s32 Q16, or none) = W x; returns the better row packed */
 
-	if (c->flag) {
-		s64 __arena *y = ARENA_PTR(s64, c->y + (u64)r * 8);
+/* Finishes one row in the given mode (see rows2_q24). */
+static __always_inline s64 finish_q24(s64 d, u64 ya, u32 mode, u32 l)
+{
+	s32 v = sat32(rshr(d, Q_W));
+
+	if (mode == ROWS_RESIDUAL) {
+		s64 __arena *y = ARENA_PTR(s64, ya) + l;
 
 		*y = sat_res(*y + rshr(d, Q_W + Q_ACT - Q_RES));
-	} else {
-		*ARENA_PTR(s32, c->y + (u64)r * 4) = sat32(rshr(d, Q_W));
+	} else if (ya) {
+		*(ARENA_PTR(s32, ya) + l) = v;
+	}
+	return (s64)v * 2 + (1 - l);
+}
+
+/* Two consecutive rows (at wa and wa + 4k) times x, sharing each load of x: 8 columns per step.
+ * y is written per mode at ya = &y[first row]; returns the better row packed as
+ * logit * 2 + 1 - l, so that the larger value is the larger logit and, on ties, the first row.
+ * k_mode = k | mode << 32 (BPF functions take at most five arguments). A global function: the
+ * verifier checks it once. */
+__noinline s64 rows2_q24(u64 wa, u64 xa, u64 ya, u64 k_mode)
+{
+	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
+	const s32 __arena *w0 = ARENA_PTR(const s32, wa);
+	const s32 __arena *w1 = ARENA_PTR(const s32, wa + (u64)k * 4);
+	const s32 __arena *x = ARENA_PTR(const s32, xa);
+	s64 acc0 = 0, acc1 = 0, p0, p1;
+
+	for (u32 b = 0; b < k / 8 && b < 2048; b++) {
+#pragma unroll
+		for (int j = 0; j < 8; j++) {
+			s64 xj = x[j];
+
+			acc0 += (s64)w0[j] * xj;
+			acc1 += (s64)w1[j] * xj;
+		}
+		w0 += 8;
+		w1 += 8;
+		x += 8;
+	}
+	p0 = finish_q24(acc0, ya, mode, 0);
+	p1 = finish_q24(acc1, ya, mode, 1);
+	return p0 > p1 ? p0 : p1;
+}
+
+/* One row, as rows2_q24 (for an odd row count). */
+__noinline s64 row1_q24(u64 wa, u64 xa, u64 ya, u64 k_mode)
+{
+	return finish_q24(dot_q24(wa, xa, (u32)k_mode), ya, (u32)(k_mode >> 32), 0);
+}
+
+/* Rows 2i, 2i + 1 of the range (the last one alone when the count is odd). */
+static long rows_pair(u64 i, struct row_ctx *c)
+{
+	u32 r = c->row0 + 2 * (u32)i;
+	u64 ysz = c->flag == ROWS_RESIDUAL ? 8 : 4;
+	u64 ya = c->y ? c->y + (u64)r * ysz : 0;
+	u64 wa = c->w + 2 * i * c->stride, k_mode = c->k | (u64)c->flag << 32;
+	s64 p = r + 1 < c->row0 + c->nrows ? rows2_q24(wa, c->x, ya, k_mode) : row1_q24(wa, c->x, ya, k_mode);
+
+	if (c->flag == ROWS_LOGITS && (p >> 1) > c->best_val) {
+		c->best_val = p >> 1;
+		c->best = r + 1 - (u32)(p & 1);
 	}
 	return 0;
 }
 
-/* y[r] = W[r] . x, or y[r] += W[r] . x into the residual stream, for r in [row0, row0 + nrows). */
+/* y[r] = W[r] . x, or y[r] += W[r] . x into the residual stream, for r in [row0, row0 + nrows),
+ * two rows per step. */
 SEC("syscall")
 int matvec(struct matvec_args *a)
 {
-	struct row_ctx c = { .w = a->w, .x = a->x, .y = a->y, .stride = (u64)a->k * 4,
-			     .k = a->k, .row0 = a->row0, .flag = a->accumulate };
+	struct row_ctx c = { .w = a->w, .x = a->x, .y = a->y, .stride = (u64)a->k * 4, .k = a->k,
+			     .row0 = a->row0, .nrows = a->nrows,
+			     .flag = a->accumulate ? ROWS_RESIDUAL : ROWS_STORE };
 
 	USE_ARENA(arena);
-	return (int)bpf_loop(a->nrows, matvec_row, &c, 0) < 0;
+	return (int)bpf_loop((a->nrows + 1) / 2, rows_pair, &c, 0) < 0;
 }
 
 struct gate_up_args {
@@ -331,30 +388,17 @@ struct lm_head_args {
 	s64 best_val; /* out: its logit, Q16 */
 };
 
-static long lm_head_row(u64 i, struct row_ctx *c)
-{
-	u32 r = c->row0 + (u32)i;
-	s32 l = sat32(rshr(dot_q24(c->w + i * c->stride, c->x, c->k), Q_W));
-
-	if (c->y)
-		*ARENA_PTR(s32, c->y + (u64)r * 4) = l;
-	if (l > c->best_val) {
-		c->best_val = l;
-		c->best = r;
-	}
-	return 0;
-}
-
 /* Logits for rows [row0, row0 + nrows) and their argmax, in one pass. */
 SEC("syscall")
 int lm_head_argmax(struct lm_head_args *a)
 {
 	struct row_ctx c = { .w = a->w, .x = a->x, .y = a->y, .stride = (u64)a->k * 4, .k = a->k,
-			     .row0 = a->row0, .best = a->row0, .best_val = -ACT_MAX - 1 };
+			     .row0 = a->row0, .nrows = a->nrows, .flag = ROWS_LOGITS,
+			     .best = a->row0, .best_val = -ACT_MAX - 1 };
 	long ret;
 
 	USE_ARENA(arena);
-	ret = bpf_loop(a->nrows, lm_head_row, &c, 0);
+	ret = bpf_loop((a->nrows + 1) / 2, rows_pair, &c, 0);
 	a->best = c.best;
 	a->best_val = c.best_val;
 	return (int)ret < 0;
