@@ -8,7 +8,7 @@
 use std::path::Path;
 
 use super::cache::CacheFile;
-use super::{q24, Linear, Norm, WeightStore};
+use super::{q24, Linear, Norm, ResidentNorms, WeightStore};
 use crate::kernel::arena::{Region, PAGE};
 use crate::kernel::ops::{Ops, Rows};
 use crate::{Checkpoint, Config, Error, Result};
@@ -35,7 +35,7 @@ pub struct ArenaBatchStore {
     embed: usize,
     lm_head: usize,
     /// Norm tensors in cache order with their resident regions.
-    norms: Vec<(String, Region)>,
+    norms: ResidentNorms,
     window: Region,
 }
 
@@ -67,7 +67,7 @@ impl ArenaBatchStore {
             layers,
             embed,
             lm_head,
-            norms: Vec::new(),
+            norms: ResidentNorms::default(),
             window: Region::default(),
             cache,
         })
@@ -103,19 +103,7 @@ impl WeightStore for ArenaBatchStore {
 
     fn upload(&mut self, ops: &mut Ops) -> Result<()> {
         let used = ops.arena.used();
-        for e in self
-            .cache
-            .header
-            .tensors
-            .iter()
-            .filter(|e| e.q == crate::fixed::Q_NORM)
-        {
-            let r = ops.arena.alloc(e.len, "norm weights")?;
-            ops.arena
-                .slice_mut::<u8>(r)
-                .copy_from_slice(&self.cache.payload()[e.offset..e.offset + e.len]);
-            self.norms.push((e.name.clone(), r));
-        }
+        self.norms = ResidentNorms::upload(&self.cache, ops)?;
         let left = WEIGHT_BYTES.checked_sub(ops.arena.used() - used).filter(|l| *l >= 64 * PAGE).ok_or_else(|| Error::Resources {
             msg: format!("norm weights take {} bytes: no room for a window in the {WEIGHT_BYTES}-byte budget", ops.arena.used() - used),
         })?;
@@ -137,12 +125,7 @@ impl WeightStore for ArenaBatchStore {
     }
 
     fn norm(&self, n: Norm) -> Region {
-        let name = n.tensor_name();
-        self.norms
-            .iter()
-            .find(|(t, _)| *t == name)
-            .map(|(_, r)| *r)
-            .expect("norm weights are uploaded for every tensor_specs norm")
+        self.norms.get(n)
     }
 
     fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()> {

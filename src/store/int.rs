@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use super::cache::{self, CacheFile, Entry};
-use super::{linear_cols, Linear, Norm, WeightStore};
+use super::{linear_cols, Linear, Norm, ResidentNorms, WeightStore};
 use crate::checkpoint::tensor_specs;
 use crate::fixed::{self, Q_NORM, Q_W};
 use crate::kernel::arena::Region;
@@ -78,7 +78,7 @@ pub struct IntStore {
     cfg: Config,
     layers: Vec<LayerMats>,
     lm_head: Option<PackedRegions>,
-    norms: Vec<(String, Region)>,
+    norms: ResidentNorms,
     embed_row: Region,
     /// Quantised-activation buffers, one per (columns, format) in use.
     xq: Vec<QuantXRegion>,
@@ -266,7 +266,7 @@ impl IntStore {
             cfg: ck.config.clone(),
             layers: Vec::new(),
             lm_head: None,
-            norms: Vec::new(),
+            norms: ResidentNorms::default(),
             embed_row: Region::default(),
             xq: Vec::new(),
             gate_up_out: Region::default(),
@@ -349,13 +349,7 @@ impl WeightStore for IntStore {
     }
 
     fn upload(&mut self, ops: &mut Ops) -> Result<()> {
-        for e in self.cache.header.tensors.iter().filter(|e| e.q == Q_NORM) {
-            let r = ops.arena.alloc(e.len, "norm weights")?;
-            ops.arena
-                .slice_mut::<u8>(r)
-                .copy_from_slice(&self.cache.payload()[e.offset..e.offset + e.len]);
-            self.norms.push((e.name.clone(), r));
-        }
+        self.norms = ResidentNorms::upload(&self.cache, ops)?;
         let c = self.cfg.clone();
         for (name, rows, cols, f, _) in matrices(&c, &self.plan) {
             let m = self.upload_matrix(ops, &name, rows, cols, f)?;
@@ -400,12 +394,7 @@ impl WeightStore for IntStore {
     }
 
     fn norm(&self, n: Norm) -> Region {
-        let name = n.tensor_name();
-        self.norms
-            .iter()
-            .find(|(t, _)| *t == name)
-            .map(|(_, r)| *r)
-            .expect("norm weights are uploaded for every tensor_specs norm")
+        self.norms.get(n)
     }
 
     fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()> {

@@ -101,6 +101,40 @@ pub trait WeightStore: Send {
     ) -> Result<(usize, i32)>;
 }
 
+/// RMSNorm weights (Q20) copied from a cache file into the arena: every store keeps them resident.
+#[derive(Debug, Default)]
+pub(crate) struct ResidentNorms(Vec<(String, Region)>);
+
+impl ResidentNorms {
+    /// Copies every Q20 entry of `cache` into its own arena region.
+    pub(crate) fn upload(cache: &cache::CacheFile, ops: &mut Ops) -> Result<ResidentNorms> {
+        let mut v = Vec::new();
+        for e in cache
+            .header
+            .tensors
+            .iter()
+            .filter(|e| e.q == crate::fixed::Q_NORM)
+        {
+            let r = ops.arena.alloc(e.len, "norm weights")?;
+            ops.arena
+                .slice_mut::<u8>(r)
+                .copy_from_slice(&cache.payload()[e.offset..e.offset + e.len]);
+            v.push((e.name.clone(), r));
+        }
+        Ok(ResidentNorms(v))
+    }
+
+    /// The region of norm `n`.
+    pub(crate) fn get(&self, n: Norm) -> Region {
+        let name = n.tensor_name();
+        self.0
+            .iter()
+            .find(|(t, _)| *t == name)
+            .map(|(_, r)| *r)
+            .expect("norm weights are uploaded for every tensor_specs norm")
+    }
+}
+
 /// Rows of a linear layer for `cfg`.
 pub fn linear_rows(cfg: &Config, m: Linear) -> usize {
     match m {
