@@ -2,7 +2,8 @@
 //! space, and running `SEC("syscall")` programs with `test_run`.
 //!
 //! One module per BPF object: [`probe`] (can this process use BPF here?) and [`ops`] (every
-//! operator of the forward pass).
+//! operator of the forward pass), whose low-bit SWAR programs have their methods in
+//! [`swar_ops`]; [`arena`] is the user-space view of the shared memory.
 
 pub mod arena;
 pub mod ops;
