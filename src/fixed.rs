@@ -208,6 +208,7 @@ pub fn rope(x: &mut [i32], cos: &[i32], sin: &[i32]) {
 
 /// Per-head q_norm / k_norm then RoPE, in place, for the query heads in `q` (Q16 in, Q22 out) and
 /// the key heads in `k` (Q16), each `hd` wide.
+#[allow(clippy::too_many_arguments)]
 pub fn qk_norm_rope(
     q: &mut [i32],
     k: &mut [i32],
@@ -279,7 +280,7 @@ pub fn lm_head_argmax(
     mut y: Option<&mut [i32]>,
 ) -> (usize, i32) {
     let k = x.len();
-    let (mut best, mut best_val) = (rows.start, i64::from(-ACT_MAX) - 1);
+    let (mut best, mut best_val) = (rows.start, -ACT_MAX - 1);
     for r in rows {
         let l = sat32(rshr(dot_q24(&w[r * k..(r + 1) * k], x), Q_W));
         if let Some(y) = y.as_deref_mut() {

@@ -89,7 +89,7 @@ fn logits_example_writes_reference_and_q24_rows_on_every_hf_layout() {
             },
         );
         let vocab = cfg.vocab_size as u64;
-        let what = format!("{tag}");
+        let what = tag.clone();
 
         let (shape, reference) = run_logits(
             &dir,

@@ -316,7 +316,7 @@ fn header_value() -> impl Strategy<Value = Value> {
             prop::sample::select(vec![0u64, 1, 2, 16, 32, 64, 1 << 31, 1 << 40, u64::MAX]),
             0..4
         )
-        .prop_map(|v| Value::from(v)),
+        .prop_map(Value::from),
         (any::<u16>(), any::<u16>()).prop_map(|(a, b)| serde_json::json!([a, b])),
         prop::collection::vec(any::<u64>(), 0..3).prop_map(Value::from),
         json_value(),

@@ -224,7 +224,7 @@ fn rmsnorm_twin_is_accurate() {
     // a small-rms residual (like embeddings, ~0.03) and an ordinary one
     for scale in [1i64 << 10, 1 << 17] {
         let x: Vec<i64> = (0..1024).map(|_| rng.sym(scale) as i64 * 65536).collect();
-        let w: Vec<i32> = (0..1024).map(|i| (1 << 20) + (i as i32) * 1000).collect();
+        let w: Vec<i32> = (0..1024).map(|i| (1 << 20) + i * 1000).collect();
         let mut y = vec![0; 1024];
         fixed::rmsnorm(&x, &w, fixed::eps_q64(EPS), fixed::Q_ACT, &mut y);
         let xf: Vec<f64> = x.iter().map(|&v| v as f64 / 2f64.powi(32)).collect();
