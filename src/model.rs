@@ -81,28 +81,66 @@ struct Buffers {
     v_cache: Vec<Region>,
 }
 
-/// Bytes of each forward-pass buffer for `cfg` and `max_ctx`, page-rounded as the arena allocates.
-fn scratch_plan(cfg: &Config, max_ctx: usize) -> (usize, usize) {
-    let page = |b: usize| b.div_ceil(PAGE) * PAGE;
-    let (h, hd, nq) = (cfg.hidden_size, cfg.head_dim(), cfg.num_attention_heads);
-    let scratch = [
-        h * 8,
-        h * 4,
-        (cfg.q_dim() + 2 * cfg.kv_dim()) * 4,
-        cfg.q_dim() * 4,
-        cfg.intermediate_size * 4,
-        cfg.vocab_size * 4,
-        nq * max_ctx * 4,
-        nq * hd * 8,
-        257 * 4,
-        max_ctx * hd / 2 * 4,
-        max_ctx * hd / 2 * 4,
-    ]
-    .iter()
-    .map(|&b| page(b))
-    .sum();
-    let kv = 2 * cfg.num_hidden_layers * page(max_ctx * cfg.kv_dim() * 4);
-    (scratch, kv)
+/// Bytes of each forward-pass buffer for `cfg` and `max_ctx`: the one list that both sizes the
+/// arena up front and allocates it.
+struct BufferSizes {
+    x: usize,
+    xn: usize,
+    qkv: usize,
+    att: usize,
+    mlp: usize,
+    logits: usize,
+    probs: usize,
+    acc: usize,
+    exp2: usize,
+    rope: usize,     // each of cos and sin
+    kv_layer: usize, // each of a layer's K and V caches
+    layers: usize,
+}
+
+impl BufferSizes {
+    fn new(cfg: &Config, max_ctx: usize) -> BufferSizes {
+        let (hd, nq) = (cfg.head_dim(), cfg.num_attention_heads);
+        BufferSizes {
+            x: cfg.hidden_size * 8,
+            xn: cfg.hidden_size * 4,
+            qkv: (cfg.q_dim() + 2 * cfg.kv_dim()) * 4,
+            att: cfg.q_dim() * 4,
+            mlp: cfg.intermediate_size * 4,
+            logits: cfg.vocab_size * 4,
+            probs: nq * max_ctx * 4,
+            acc: nq * hd * 8,
+            exp2: 257 * 4,
+            rope: max_ctx * hd / 2 * 4,
+            kv_layer: max_ctx * cfg.kv_dim() * 4,
+            layers: cfg.num_hidden_layers,
+        }
+    }
+
+    /// Arena bytes of the scratch buffers and of the KV cache, page-rounded as the arena allocates.
+    fn arena_bytes(&self) -> (usize, usize) {
+        let page = |b: usize| b.div_ceil(PAGE) * PAGE;
+        let s = self;
+        let scratch = [
+            s.x, s.xn, s.qkv, s.att, s.mlp, s.logits, s.probs, s.acc, s.exp2, s.rope, s.rope,
+        ]
+        .iter()
+        .map(|&b| page(b))
+        .sum();
+        (scratch, 2 * s.layers * page(s.kv_layer))
+    }
+}
+
+/// Refuses an arena of `weights + kv + scratch` bytes beyond the kernel's 4 GiB limit.
+fn check_arena(weights: usize, kv: usize, scratch: usize, max_context: usize) -> Result<()> {
+    if weights.saturating_add(kv).saturating_add(scratch) > MAX_ARENA_BYTES {
+        return Err(Error::Resources {
+            msg: format!(
+                "{weights} weights + {kv} KV cache (max_context {max_context}) + {scratch} scratch bytes exceed the {MAX_ARENA_BYTES}-byte BPF arena limit"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// `MemAvailable` of `/proc/meminfo` in bytes: memory the kernel can hand out without swapping.
@@ -191,25 +229,21 @@ impl Model {
                 ),
             });
         }
-        let (scratch, kv) = scratch_plan(&cfg, opts.max_context);
-        let weights_estimate = cfg.num_parameters() * 4;
-        if scratch + kv > MAX_ARENA_BYTES
-            || (opts.backend == Backend::Q24 && scratch + kv + weights_estimate > MAX_ARENA_BYTES)
-        {
-            return Err(Error::Resources {
-                msg: format!(
-                    "{} weights + {kv} KV cache (max_context {}) + {scratch} scratch bytes exceed the {MAX_ARENA_BYTES}-byte BPF arena limit",
-                    if opts.backend == Backend::Q24 { weights_estimate } else { 0 },
-                    opts.max_context
-                ),
-            });
-        }
-        let weights_need = if opts.backend == Backend::Q24 {
-            weights_estimate
+        let (scratch, kv) = BufferSizes::new(&cfg, opts.max_context).arena_bytes();
+        // Only the resident Q24 store's weight bytes are known before conversion.
+        let weights_estimate = if opts.backend == Backend::Q24 {
+            cfg.num_parameters() * 4
         } else {
             0
         };
-        check_memory(weights_need, kv, scratch, opts.max_context, mem_available())?;
+        check_arena(weights_estimate, kv, scratch, opts.max_context)?;
+        check_memory(
+            weights_estimate,
+            kv,
+            scratch,
+            opts.max_context,
+            mem_available(),
+        )?;
         let cache_dir = opts.cache_dir.clone().unwrap_or_else(|| dir.to_path_buf());
         let mut store = opts.backend.open(&ck, &cache_dir, opts.progress)?;
         drop(ck);
@@ -219,12 +253,8 @@ impl Model {
             kv_cache: kv,
             scratch,
         };
-        if memory.total() > MAX_ARENA_BYTES {
-            return Err(Error::Resources {
-                msg: format!("{weights} weight + {kv} KV + {scratch} scratch bytes exceed the {MAX_ARENA_BYTES}-byte BPF arena limit"),
-            });
-        }
         // Again with the store's exact weight bytes (the estimate above covers only q24).
+        check_arena(weights, kv, scratch, opts.max_context)?;
         check_memory(weights, kv, scratch, opts.max_context, mem_available())?;
         let mut ops = Ops::load(memory.total())?;
         ops.set_threads(opts.threads);
@@ -245,29 +275,29 @@ impl Model {
 
     fn alloc_buffers(ops: &mut Ops, cfg: &Config, max_ctx: usize) -> Result<Buffers> {
         let a = &mut ops.arena;
-        let (h, hd, nq) = (cfg.hidden_size, cfg.head_dim(), cfg.num_attention_heads);
+        let z = BufferSizes::new(cfg, max_ctx);
         let b = Buffers {
-            x: a.alloc(h * 8, "x")?,
-            xn: a.alloc(h * 4, "xn")?,
-            qkv: a.alloc((cfg.q_dim() + 2 * cfg.kv_dim()) * 4, "qkv")?,
-            att: a.alloc(cfg.q_dim() * 4, "att")?,
-            mlp: a.alloc(cfg.intermediate_size * 4, "mlp")?,
-            logits: a.alloc(cfg.vocab_size * 4, "logits")?,
-            probs: a.alloc(nq * max_ctx * 4, "attention probabilities")?,
-            acc: a.alloc(nq * hd * 8, "attention accumulators")?,
-            exp2: a.alloc(257 * 4, "exp2 table")?,
-            cos: a.alloc(max_ctx * hd / 2 * 4, "RoPE cos")?,
-            sin: a.alloc(max_ctx * hd / 2 * 4, "RoPE sin")?,
-            k_cache: (0..cfg.num_hidden_layers)
-                .map(|_| a.alloc(max_ctx * cfg.kv_dim() * 4, "K cache"))
+            x: a.alloc(z.x, "x")?,
+            xn: a.alloc(z.xn, "xn")?,
+            qkv: a.alloc(z.qkv, "qkv")?,
+            att: a.alloc(z.att, "att")?,
+            mlp: a.alloc(z.mlp, "mlp")?,
+            logits: a.alloc(z.logits, "logits")?,
+            probs: a.alloc(z.probs, "attention probabilities")?,
+            acc: a.alloc(z.acc, "attention accumulators")?,
+            exp2: a.alloc(z.exp2, "exp2 table")?,
+            cos: a.alloc(z.rope, "RoPE cos")?,
+            sin: a.alloc(z.rope, "RoPE sin")?,
+            k_cache: (0..z.layers)
+                .map(|_| a.alloc(z.kv_layer, "K cache"))
                 .collect::<Result<_>>()?,
-            v_cache: (0..cfg.num_hidden_layers)
-                .map(|_| a.alloc(max_ctx * cfg.kv_dim() * 4, "V cache"))
+            v_cache: (0..z.layers)
+                .map(|_| a.alloc(z.kv_layer, "V cache"))
                 .collect::<Result<_>>()?,
         };
         a.slice_mut::<u32>(b.exp2)
             .copy_from_slice(&fixed::exp2_table());
-        let (cos, sin) = fixed::rope_tables(cfg.rope_theta(), hd, max_ctx);
+        let (cos, sin) = fixed::rope_tables(cfg.rope_theta(), cfg.head_dim(), max_ctx);
         a.slice_mut::<i32>(b.cos).copy_from_slice(&cos);
         a.slice_mut::<i32>(b.sin).copy_from_slice(&sin);
         Ok(b)
