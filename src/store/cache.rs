@@ -218,6 +218,32 @@ pub fn open(
     }))
 }
 
+/// Opens the cache at `path` if it is usable; otherwise says why (when `progress`, prefixed by
+/// `doing`), runs `build` to write it, and opens the fresh file, which must then be usable.
+pub fn open_or_build(
+    path: &Path,
+    format: &str,
+    identity: &str,
+    config: &Config,
+    progress: bool,
+    doing: &str,
+    build: impl FnOnce() -> Result<()>,
+) -> Result<CacheFile> {
+    match open(path, format, identity, config)? {
+        Ok(c) => return Ok(c),
+        Err(reason) if progress => eprintln!("qwen_bpf: {doing} ({}: {reason})", path.display()),
+        Err(_) => {}
+    }
+    build()?;
+    match open(path, format, identity, config)? {
+        Ok(c) => Ok(c),
+        Err(reason) => Err(Error::Cache {
+            path: path.into(),
+            msg: format!("freshly written cache is unusable: {reason}"),
+        }),
+    }
+}
+
 /// Writes a cache file atomically: `fill` streams the payload (whose layout `tensors` describes)
 /// into the writer; the header with the checksum goes in front; then the temporary file is
 /// renamed over `path`. Concurrent writers each write their own temporary file.

@@ -19,7 +19,7 @@ use crate::kernel::arena::Region;
 use crate::kernel::ops::{Ops, Rows};
 use crate::kernel::swar_ops::{PackedRegions, QuantXRegion};
 use crate::swar::{self, Format, W4A8, W8A16};
-use crate::{Checkpoint, Config, Error, Result};
+use crate::{Checkpoint, Config, Result};
 
 /// Which format each kind of matrix is stored in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,15 +172,26 @@ fn open_or_convert(
     let path = cache_dir.join(file_name(plan));
     let identity = ck.identity();
     let format = format_of(plan);
-    match cache::open(&path, &format, &identity, &ck.config)? {
-        Ok(c) => return Ok(c),
-        Err(reason) if progress => eprintln!(
-            "qwen_bpf: quantising weights to {} ({}: {reason})",
-            plan.name,
-            path.display()
-        ),
-        Err(_) => {}
-    }
+    cache::open_or_build(
+        &path,
+        &format,
+        &identity,
+        &ck.config,
+        progress,
+        &format!("quantising weights to {}", plan.name),
+        || quantise(ck, &path, plan, &format, &identity, progress),
+    )
+}
+
+/// Quantises `ck` per `plan` and writes the cache file at `path`.
+fn quantise(
+    ck: &Checkpoint,
+    path: &Path,
+    plan: &Plan,
+    format: &str,
+    identity: &str,
+    progress: bool,
+) -> Result<()> {
     let cfg = &ck.config;
     let mut entries = Vec::new();
     let mut off = 0usize;
@@ -208,7 +219,7 @@ fn open_or_convert(
     }
     let total = cfg.num_parameters() as u64;
     let bar = progress.then(|| crate::progress_bar(total, plan.name));
-    cache::write(&path, &format, &identity, cfg, entries, |sink| {
+    cache::write(path, format, identity, cfg, entries, |sink| {
         let mut buf = Vec::new();
         for (name, shape) in tensor_specs(cfg) {
             if shape.len() == 1 || name == "model.embed_tokens.weight" {
@@ -247,13 +258,7 @@ fn open_or_convert(
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    match cache::open(&path, &format, &identity, cfg)? {
-        Ok(c) => Ok(c),
-        Err(reason) => Err(Error::Cache {
-            path,
-            msg: format!("freshly written cache is unusable: {reason}"),
-        }),
-    }
+    Ok(())
 }
 
 impl IntStore {

@@ -29,26 +29,15 @@ pub fn q_of(shape: &[usize]) -> u32 {
 /// corrupt or stale. Returns the verified file.
 pub fn open_or_convert(ck: &Checkpoint, cache_dir: &Path, progress: bool) -> Result<CacheFile> {
     let path = cache_dir.join(FILE_NAME);
-    let identity = ck.identity();
-    match cache::open(&path, "q24", &identity, &ck.config)? {
-        Ok(c) => return Ok(c),
-        Err(reason) => {
-            if progress {
-                eprintln!(
-                    "qwen_bpf: converting weights to Q24 ({}: {reason})",
-                    path.display()
-                );
-            }
-        }
-    }
-    convert(ck, &path, progress)?;
-    match cache::open(&path, "q24", &identity, &ck.config)? {
-        Ok(c) => Ok(c),
-        Err(reason) => Err(Error::Cache {
-            path,
-            msg: format!("freshly written cache is unusable: {reason}"),
-        }),
-    }
+    cache::open_or_build(
+        &path,
+        "q24",
+        &ck.identity(),
+        &ck.config,
+        progress,
+        "converting weights to Q24",
+        || convert(ck, &path, progress),
+    )
 }
 
 /// Converts every tensor of `ck` to fixed point and writes the cache file at `path`.
