@@ -187,10 +187,6 @@ impl Ops {
         result
     }
 
-    fn addr(&self, r: Region) -> u64 {
-        self.arena.addr(r)
-    }
-
     /// The fixed-point constants compiled into the programs (see `src/bpf/fixed.h`).
     pub fn formats(&mut self) -> Result<Formats> {
         let mut a = Formats::default();
@@ -201,8 +197,8 @@ impl Ops {
     /// `x = table[token]` (Q24 → Q16), `dim` wide.
     pub fn embed(&mut self, table: Region, token: u32, dim: usize, x: Region) -> Result<()> {
         let mut a = embed_args {
-            table: self.addr(table),
-            x: self.addr(x),
+            table: self.addr_of(table),
+            x: self.addr_of(x),
             token,
             dim: dim as u32,
         };
@@ -223,9 +219,9 @@ impl Ops {
         eps_q64: u64,
     ) -> Result<()> {
         let mut a = rmsnorm_args {
-            x: self.addr(x),
-            w: self.addr(w),
-            y: self.addr(y),
+            x: self.addr_of(x),
+            w: self.addr_of(w),
+            y: self.addr_of(y),
             eps_q64,
             n: n as u32,
             nvec: nvec as u32,
@@ -252,12 +248,12 @@ impl Ops {
         eps_q64: u64,
     ) -> Result<()> {
         let mut a = qk_norm_rope_args {
-            q: self.addr(q),
-            k: self.addr(k),
-            q_norm: self.addr(q_norm),
-            k_norm: self.addr(k_norm),
-            cos: self.addr(cos),
-            sin: self.addr(sin),
+            q: self.addr_of(q),
+            k: self.addr_of(k),
+            q_norm: self.addr_of(q_norm),
+            k_norm: self.addr_of(k_norm),
+            cos: self.addr_of(cos),
+            sin: self.addr_of(sin),
             eps_q64,
             n_q: n_q as u32,
             n_k: n_k as u32,
@@ -280,7 +276,7 @@ impl Ops {
         rows: Rows,
         accumulate: bool,
     ) -> Result<()> {
-        let (w0, x, y) = (self.addr(w), self.addr(x), self.addr(y));
+        let (w0, x, y) = (self.addr_of(w), self.addr_of(x), self.addr_of(y));
         let mut parts: Vec<matvec_args> = self
             .parts(rows.clone(), rows.len() * k)
             .into_iter()
@@ -310,11 +306,11 @@ impl Ops {
         rows: Rows,
     ) -> Result<()> {
         let (g0, u0, x, y, exp2) = (
-            self.addr(gate),
-            self.addr(up),
-            self.addr(x),
-            self.addr(y),
-            self.addr(exp2),
+            self.addr_of(gate),
+            self.addr_of(up),
+            self.addr_of(x),
+            self.addr_of(y),
+            self.addr_of(exp2),
         );
         let mut parts: Vec<gate_up_args> = self
             .parts(rows.clone(), 2 * rows.len() * k)
@@ -347,10 +343,10 @@ impl Ops {
         n: usize,
     ) -> Result<()> {
         let mut a = swiglu_args {
-            gate: self.addr(gate),
-            up: self.addr(up),
-            y: self.addr(y),
-            exp2: self.addr(exp2),
+            gate: self.addr_of(gate),
+            up: self.addr_of(up),
+            y: self.addr_of(y),
+            exp2: self.addr_of(exp2),
             n: n as u32,
             pad: 0,
         };
@@ -368,9 +364,9 @@ impl Ops {
         rows: Rows,
     ) -> Result<(usize, i32)> {
         let (w0, x, y) = (
-            self.addr(w),
-            self.addr(x),
-            y.map(|r| self.addr(r)).unwrap_or(0),
+            self.addr_of(w),
+            self.addr_of(x),
+            y.map(|r| self.addr_of(r)).unwrap_or(0),
         );
         let mut parts: Vec<lm_head_args> = self
             .parts(rows.clone(), rows.len() * k)
@@ -406,15 +402,15 @@ impl Ops {
         scale_q22: i32,
     ) -> Result<()> {
         let mut a = attention_args {
-            q: self.addr(b.q),
-            k: self.addr(b.k),
-            v: self.addr(b.v),
-            k_cache: self.addr(b.k_cache),
-            v_cache: self.addr(b.v_cache),
-            probs: self.addr(b.probs),
-            acc: self.addr(b.acc),
-            out: self.addr(b.out),
-            exp2: self.addr(b.exp2),
+            q: self.addr_of(b.q),
+            k: self.addr_of(b.k),
+            v: self.addr_of(b.v),
+            k_cache: self.addr_of(b.k_cache),
+            v_cache: self.addr_of(b.v_cache),
+            probs: self.addr_of(b.probs),
+            acc: self.addr_of(b.acc),
+            out: self.addr_of(b.out),
+            exp2: self.addr_of(b.exp2),
             pos: pos as u32,
             max_ctx: s.max_ctx as u32,
             n_q: s.n_q as u32,
