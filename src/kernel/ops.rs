@@ -382,15 +382,10 @@ impl Ops {
             })
             .collect();
         self.run_parts("lm_head_argmax", &mut parts)?;
-        // parts are in row order: a later part wins only with a strictly larger logit
-        let best = parts.iter().fold((rows.start, i64::MIN), |b, a| {
-            if a.best_val > b.1 {
-                (a.best as usize, a.best_val)
-            } else {
-                b
-            }
-        });
-        Ok((best.0, best.1 as i32))
+        Ok(first_best(
+            rows.start,
+            parts.iter().map(|a| (a.best as usize, a.best_val)),
+        ))
     }
 
     /// Causal GQA attention at `pos` (see [`crate::fixed::attention`]).
@@ -420,6 +415,16 @@ impl Ops {
         };
         self.run("attention", &mut a)
     }
+}
+
+/// The overall argmax of row ranges' argmaxes `(row, logit)`, given in row order: a later range
+/// wins only with a strictly larger logit, so ties go to the first row as within a range.
+/// `start` is the answer when there are none.
+pub fn first_best(start: usize, parts: impl IntoIterator<Item = (usize, i64)>) -> (usize, i32) {
+    let best = parts
+        .into_iter()
+        .fold((start, i64::MIN), |b, p| if p.1 > b.1 { p } else { b });
+    (best.0, best.1 as i32)
 }
 
 /// The arena regions one attention run reads and writes.

@@ -4,7 +4,7 @@
 //! twins of these programs.
 
 use super::arena::Region;
-use super::ops::{Ops, Rows};
+use super::ops::{first_best, Ops, Rows};
 use crate::swar::{
     Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, K_MAX, W4A8, W8A16,
 };
@@ -209,15 +209,10 @@ impl Ops {
             })
             .collect();
         self.run_parts(&format!("{}_lm_head_argmax", f.name), &mut parts)?;
-        // parts are in row order: a later part wins only with a strictly larger logit
-        let best = parts.iter().fold((rows.start, i64::MIN), |b, p| {
-            if p.best_val > b.1 {
-                (p.best as usize, p.best_val)
-            } else {
-                b
-            }
-        });
-        Ok((best.0, best.1 as i32))
+        Ok(first_best(
+            rows.start,
+            parts.iter().map(|p| (p.best as usize, p.best_val)),
+        ))
     }
 
     /// `y[r] = W x` (y i32 Q16) or, when `accumulate`, `y[r] += W x` (y the i64 Q32 residual

@@ -10,7 +10,7 @@ use std::path::Path;
 use super::cache::CacheFile;
 use super::{q24, Linear, Norm, ResidentNorms, WeightStore};
 use crate::kernel::arena::{Region, PAGE};
-use crate::kernel::ops::{Ops, Rows};
+use crate::kernel::ops::{first_best, Ops, Rows};
 use crate::{Checkpoint, Config, Error, Result};
 
 /// Kernel memory for weights: the window plus the resident norm weights.
@@ -183,14 +183,12 @@ impl WeightStore for ArenaBatchStore {
         rows: Rows,
     ) -> Result<(usize, i32)> {
         let k = self.cfg.hidden_size;
-        let mut best = (rows.start, i32::MIN);
-        for b in self.batches(rows, k, 1).collect::<Vec<_>>() {
+        let mut bests = Vec::new();
+        for b in self.batches(rows.clone(), k, 1).collect::<Vec<_>>() {
             let w = self.stage(ops, self.lm_head, k, &b, 0);
             let (r, v) = ops.lm_head_argmax(w, x, logits, k, b)?;
-            if v > best.1 {
-                best = (r, v);
-            }
+            bests.push((r, v as i64));
         }
-        Ok(best)
+        Ok(first_best(rows.start, bests))
     }
 }
