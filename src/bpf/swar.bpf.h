@@ -55,11 +55,21 @@
 #define SW8_ONES 0x0000000100000001ULL
 #define SW8_HALF 0x0000000080000000ULL  /* 2^31 in lane 0 */
 
-/* An empty asm that claims to change a and b: clang cannot re-associate the multiply-adds
- * across it into trees whose partial products it then spills to the stack. Once per four
- * columns measured best here (W4: 7.2 GMAC/s with it per column, 9.2 per four columns; without
- * it clang's temporaries overflow the 512-byte BPF stack). */
-#define KEEP2(a, b) asm volatile("" : "+r"(a), "+r"(b))
+/* The multiply-add of one column into one lane accumulator: a += ((v >> sh) & m) * x (sh a
+ * literal; SW_MAC0 for sh == 0), as exactly five BPF instructions (four). Written as asm because
+ * clang emits two or three more per column for the same C (copies of x, re-materialised masks)
+ * and, left free to re-associate, turns the sums into trees whose partial products overflow the
+ * 512-byte stack. W4A8 measured 9.2 GMAC/s in C with a register barrier every four columns and
+ * 9.8 with these. m must be a register (see the kernels' `asm volatile("" : "+r"(m))`). */
+#define SW_MAC(a, v, sh, m, x, t)                                                      \
+	asm("%[tmp] = %[wv]\n\t%[tmp] >>= " #sh "\n\t%[tmp] &= %[msk]\n\t"                  \
+	    "%[tmp] *= %[xv]\n\t%[acc] += %[tmp]"                                          \
+	    : [acc] "+r"(a), [tmp] "=&r"(t)                                             \
+	    : [wv] "r"(v), [msk] "r"(m), [xv] "r"(x))
+#define SW_MAC0(a, v, m, x, t)                                                         \
+	asm("%[tmp] = %[wv]\n\t%[tmp] &= %[msk]\n\t%[tmp] *= %[xv]\n\t%[acc] += %[tmp]"     \
+	    : [acc] "+r"(a), [tmp] "=&r"(t)                                             \
+	    : [wv] "r"(v), [msk] "r"(m), [xv] "r"(x))
 
 struct swar_xblock {
 	s64 sum;   /* sum of the block's quantised activations */
@@ -196,8 +206,10 @@ __noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
 	u64 xba = xqa + (u64)k * 8;
 	u64 acc[8] = {};
+	u64 m = SW4_MASK;
 	s64 best = -(1LL << 62), p;
 
+	asm volatile("" : "+r"(m)); /* keep the mask in a register */
 	for (u32 g = 0; g < k / SW_GROUP && g < SW_KMAX / SW_GROUP; g++) {
 		const u64 __arena *w = ARENA_PTR(const u64, wa) + g * 16;
 		const s64 __arena *x = ARENA_PTR(const s64, xqa) + g * SW_GROUP;
@@ -208,16 +220,20 @@ __noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 
 #pragma unroll
 		for (int q = 0; q < 8; q++) {
-			u64 v0 = w[2 * q], v1 = w[2 * q + 1];
+			u64 v0 = w[2 * q], v1 = w[2 * q + 1], t0, t1, x0, x1, x2, x3;
 
-#pragma unroll
-			for (int c = 0; c < 4; c++) {
-				u64 xv = (u64)x[4 * q + c];
-
-				a0 += ((v0 >> (4 * c)) & SW4_MASK) * xv;
-				a1 += ((v1 >> (4 * c)) & SW4_MASK) * xv;
-			}
-			KEEP2(a0, a1);
+			x0 = x[4 * q];
+			x1 = x[4 * q + 1];
+			x2 = x[4 * q + 2];
+			x3 = x[4 * q + 3];
+			SW_MAC0(a0, v0, m, x0, t0);
+			SW_MAC0(a1, v1, m, x0, t1);
+			SW_MAC(a0, v0, 4, m, x1, t0);
+			SW_MAC(a1, v1, 4, m, x1, t1);
+			SW_MAC(a0, v0, 8, m, x2, t0);
+			SW_MAC(a1, v1, 8, m, x2, t1);
+			SW_MAC(a0, v0, 12, m, x3, t0);
+			SW_MAC(a1, v1, 12, m, x3, t1);
 		}
 		/* A + kx: remove the weights' +8 (8 S per lane), lift lanes 0..2 by 2^15 */
 		kx = SW4_HALF - (u64)(8 * b->sum) * SW4_ONES;
@@ -246,8 +262,10 @@ __noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
 	u64 xba = xqa + (u64)k * 8;
 	u64 acc[4] = {};
+	u64 m = SW8_MASK;
 	s64 best = -(1LL << 62), p;
 
+	asm volatile("" : "+r"(m)); /* keep the mask in a register */
 	for (u32 g = 0; g < k / SW_GROUP && g < SW_KMAX / SW_GROUP; g++) {
 		const u64 __arena *w = ARENA_PTR(const u64, wa) + g * 16;
 		const s64 __arena *x = ARENA_PTR(const s64, xqa) + g * SW_GROUP;
@@ -258,16 +276,20 @@ __noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 
 #pragma unroll
 		for (int q = 0; q < 8; q++) {
-			u64 v0 = w[2 * q], v1 = w[2 * q + 1];
+			u64 v0 = w[2 * q], v1 = w[2 * q + 1], t0, t1, x0, x1, x2, x3;
 
-#pragma unroll
-			for (int c = 0; c < 4; c++) {
-				u64 xv = (u64)x[4 * q + c];
-
-				a0 += ((v0 >> (8 * c)) & SW8_MASK) * xv;
-				a1 += ((v1 >> (8 * c)) & SW8_MASK) * xv;
-			}
-			KEEP2(a0, a1);
+			x0 = x[4 * q];
+			x1 = x[4 * q + 1];
+			x2 = x[4 * q + 2];
+			x3 = x[4 * q + 3];
+			SW_MAC0(a0, v0, m, x0, t0);
+			SW_MAC0(a1, v1, m, x0, t1);
+			SW_MAC(a0, v0, 8, m, x1, t0);
+			SW_MAC(a1, v1, 8, m, x1, t1);
+			SW_MAC(a0, v0, 16, m, x2, t0);
+			SW_MAC(a1, v1, 16, m, x2, t1);
+			SW_MAC(a0, v0, 24, m, x3, t0);
+			SW_MAC(a1, v1, 24, m, x3, t1);
 		}
 		/* A + kx: remove the weights' +128 (128 S per lane), lift lane 0 by 2^31 */
 		kx = SW8_HALF - (u64)(128 * b->sum) * SW8_ONES;
