@@ -11,15 +11,18 @@
 //!
 //! - **Weights**: a code `w` per element and a `u32` scale `s` per (row, group), Q24
 //!   ([`SCALE_SHIFT`]): the weight is `w * s / 2^24`. Codes are `-8..=7` in [`W4A8`] and
-//!   `-128..=127` in [`W8A16`]; [`quantize_int4`] / [`quantize_int8`] use `-7..=7` / `-127..=127`
-//!   (symmetric: `s = ceil(max|w| * 2^24 / 7)`, resp. `/ 127`, and `w = round(weight / step)`,
-//!   half away from zero, so every weight is within half a step of its code).
+//!   `-128..=127` in [`W8A16`]. [`quantize_int8`] uses `-127..=127` (symmetric:
+//!   `s = ceil(max|w| * 2^24 / 127)` and `w = round(weight / step)`, half away from zero, so every
+//!   weight is within half a step of its code); [`quantize_int4`] picks the group scale with the
+//!   least squared error, which may clip the largest weight of a group to `-8` or `7`.
 //! - **Activations**: `x` (i32 Q16) is quantised per block of 32 columns ([`quantize_x8`],
 //!   [`quantize_x16`], and in BPF the programs `quantize_x8` / `quantize_x16`):
-//!   `sx = max|x| / QMAX + 1` (integer division; Q16 units, so `x ≈ xq * sx`) and
-//!   `xq = round(x / sx)`, half away from zero, in `-QMAX..=QMAX`; QMAX = 127 for W4A8, 32767
-//!   for W8A16.
-//! - **Output**: `y[r] = sat(rshr(Σ_g s[r][g] · sx[g] · D[r][g], 24))` in Q16 (saturating to
+//!   a power-of-two scale `2^e`, `e` the least shift with `round(max|x| / 2^e) <= QMAX` (Q16
+//!   units, so `x ≈ xq · 2^e`), and `xq = round(x / 2^e)`, half away from zero, in
+//!   `-QMAX..=QMAX`; QMAX = 127 for W4A8, 32767 for W8A16. The kernels apply `2^e` as a shift:
+//!   a multiply less per row and group (W4A8: 73 instead of 81 per 256 products, +5 % speed),
+//!   for at most one bit of the code range.
+//! - **Output**: `y[r] = sat(rshr(Σ_g (s[r][g] · D[r][g]) << e[g], 24))` in Q16 (saturating to
 //!   ±[`ACT_MAX`], round half up), where `D[r][g] = Σ_{j in g} w[r][j] · xq[j]` exactly; with
 //!   `accumulate`, y is the i64 Q32 residual stream: `y[r] = sat(y[r] + rshr(Σ_g …, 8))`. The sum is an i64 that wraps (identically in the
 //!   kernel and the twin); it is exact while every partial sum stays below 2^23 in real terms,
@@ -34,7 +37,7 @@
 //! W8A16 words   u64 [rows/4][cols/4][2]   word (b, q, h): rows 4b+2h+l (l = 0..2) x cols 4q+c;
 //!                                         byte w+128 at bit 32l + 8c
 //!       scales  u32 [rows/4][cols/32][4]  row 4b+l, group g
-//! x     xq      i64 [k], then XBlock [k/32] { sum of the block's xq, sx }: one arena buffer
+//! x     xq      i64 [k], then XBlock [k/32] { sum of the block's xq, e }: one arena buffer
 //! ```
 //!
 //! Rows come in blocks of 8 (W4A8) or 4 (W8A16): a kernel run covers whole blocks.
@@ -370,9 +373,11 @@ packed_matrix!(
     "8"
 );
 
-/// Quantises `w` `[rows][cols]` to 4-bit codes `-7..=7` with one Q24 scale per (row, group of
-/// 32): `scale = ceil(max|w| * 2^24 / 7)`, `code = round(w * 2^24 / scale)` half away from zero.
-/// Deterministic. Every weight ends within half a step (`scale / 2^24 / 2`) of its code.
+/// Quantises `w` `[rows][cols]` to 4-bit codes with one Q24 scale per (row, group of 32): the
+/// scale with the least squared error among `ceil(max|w| * 2^24 / 7)` (codes `-7..=7`, every
+/// weight within half a step) and 15 smaller candidates down to 0.70 × that (codes `-8..=7`,
+/// the largest weights may be clipped); `code = round(w * 2^24 / scale)` half away from zero,
+/// clamped. Deterministic.
 ///
 /// # Errors
 /// A non-finite weight, or a group whose scale exceeds `u32` (|w| >= 1792).
@@ -389,7 +394,9 @@ pub fn quantize_int4(w: &[f32], rows: usize, cols: usize) -> Result<Int4Matrix> 
     })
 }
 
-/// Quantises `w` `[rows][cols]` to 8-bit codes `-127..=127`, as [`quantize_int4`] with 127 for 7.
+/// Quantises `w` `[rows][cols]` to 8-bit codes `-127..=127` with one Q24 scale per (row, group of
+/// 32): `scale = ceil(max|w| * 2^24 / 127)`, `code = round(w * 2^24 / scale)` half away from
+/// zero, so every weight is within half a step of its code. Deterministic.
 ///
 /// # Errors
 /// A non-finite weight, or a group whose scale exceeds `u32` (|w| >= 32512).
@@ -412,8 +419,8 @@ pub fn quantize_int8(w: &[f32], rows: usize, cols: usize) -> Result<Int8Matrix> 
 pub struct XBlock {
     /// Sum of the block's codes (removes the weight bias in the kernels).
     pub sum: i64,
-    /// `sx`: a code stands for `code * sx` in Q16 units; `>= 1`.
-    pub scale: i64,
+    /// `e`: a code stands for `code << e` in Q16 units; `0..=25`.
+    pub shift: i64,
 }
 
 // SAFETY: repr(C), two i64 and no padding: every bit pattern is a valid XBlock.
@@ -444,7 +451,7 @@ impl QuantX {
         v.extend(
             self.blocks
                 .iter()
-                .flat_map(|b| [b.sum as u64, b.scale as u64]),
+                .flat_map(|b| [b.sum as u64, b.shift as u64]),
         );
         v
     }
@@ -456,7 +463,7 @@ impl QuantX {
             .chunks_exact(2)
             .map(|p| XBlock {
                 sum: p[0] as i64,
-                scale: p[1] as i64,
+                shift: p[1] as i64,
             })
             .collect();
         QuantX { qmax, q, blocks }
@@ -482,18 +489,21 @@ fn quantize_x(x: &[i32], qmax: i64) -> QuantX {
             .map(|&v| (v as i64).unsigned_abs())
             .max()
             .unwrap_or(0);
-        let sx = (m / qmax as u64) as u32 + 1;
+        let half = |e: u32| (1u64 << e) >> 1;
+        let e = (0..31)
+            .find(|&e| (m + half(e)) >> e <= qmax as u64)
+            .unwrap_or(31);
         let mut sum = 0i64;
         for &v in blk {
-            let a = (v as i64).unsigned_abs() as u32;
-            let r = ((a + (sx >> 1)) / sx) as i64;
+            let a = (v as i64).unsigned_abs();
+            let r = ((a + half(e)) >> e) as i64;
             let r = if v < 0 { -r } else { r };
             q.push(r);
             sum += r;
         }
         blocks.push(XBlock {
             sum,
-            scale: sx as i64,
+            shift: e as i64,
         });
     }
     QuantX { qmax, q, blocks }
@@ -517,7 +527,7 @@ pub fn quantize_x16(x: &[i32]) -> QuantX {
     quantize_x(x, W8A16.act_max)
 }
 
-/// The unrounded row sums `Σ_g s · sx · D` (wrapping, as the kernels) of the row block starting
+/// The unrounded row sums `Σ_g (s · D) << e` (wrapping, as the kernels) of the row block starting
 /// at `r0`, one per row of the block.
 fn block_sums<M: PackedMatrix>(m: &M, xq: &QuantX, r0: usize) -> Vec<u64> {
     let f = M::FORMAT;
@@ -538,10 +548,10 @@ fn block_sums<M: PackedMatrix>(m: &M, xq: &QuantX, r0: usize) -> Vec<u64> {
                 }
             }
         }
-        let sx = xq.blocks[g].scale as u64;
+        let e = xq.blocks[g].shift as u32;
         for (l, a) in acc.iter_mut().enumerate() {
             let s = m.scale(r0 + l, g) as u64;
-            *a = a.wrapping_add((d[l] as u64).wrapping_mul(s).wrapping_mul(sx));
+            *a = a.wrapping_add((d[l] as u64).wrapping_mul(s) << e);
         }
     }
     acc
@@ -573,7 +583,7 @@ fn check_run<M: PackedMatrix>(m: &M, xq: &QuantX, rows: &Range<usize>) {
     );
 }
 
-/// `y[r] = sat(rshr(Σ_g s · sx · D, 24))` (Q16) for r in `rows`, from pre-quantised
+/// `y[r] = sat(rshr(Σ_g (s · D) << e, 24))` (Q16) for r in `rows`, from pre-quantised
 /// activations: the twin of the BPF programs `w4a8_matvec` / `w8a16_matvec` in store mode.
 ///
 /// # Panics
@@ -587,7 +597,7 @@ pub fn matvec_quantized<M: PackedMatrix>(m: &M, xq: &QuantX, rows: Range<usize>,
     }
 }
 
-/// The residual add: `y[r] = sat(y[r] + rshr(Σ_g s · sx · D, 8))`, y the i64 Q32 residual
+/// The residual add: `y[r] = sat(y[r] + rshr(Σ_g (s · D) << e, 8))`, y the i64 Q32 residual
 /// stream: the twin of `w4a8_matvec` / `w8a16_matvec` in accumulate mode.
 ///
 /// # Panics

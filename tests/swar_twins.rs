@@ -212,8 +212,8 @@ fn quantize_x_programs_match_twins_bit_for_bit() {
         );
         assert_eq!(
             want.blocks[1],
-            swar::XBlock { sum: 0, scale: 1 },
-            "{}: an all-zero block has sum 0, scale 1",
+            swar::XBlock { sum: 0, shift: 0 },
+            "{}: an all-zero block has sum 0, shift 0",
             f.name
         );
     }
@@ -397,14 +397,14 @@ fn swar_matvecs_match_twins_on_edge_cases() {
     }
     // The largest D a lane must hold: every code at -bias times every activation code at -QMAX:
     // W4 32 * 8 * 127 = 32512 (< 2^15), W8 32 * 128 * 32767 (< 2^31). x = -(2 QMAX - 1) gives
-    // sx = 2 and codes -QMAX; with scale 1 << 24 (1.0), y = D * sx in Q16 exactly.
+    // e = 1 (a step of 2) and codes -QMAX; with scale 1 << 24 (1.0), y = D * 2 in Q16 exactly.
     for f in [W4A8, W8A16] {
         let x = vec![-(2 * f.act_max as i32 - 1); 32];
         let xq = twin_quantize(&x, f);
         assert_eq!(
-            (xq.q[0], xq.blocks[0].scale),
-            (-f.act_max, 2),
-            "{}: x = {} quantises to -QMAX with sx = 2",
+            (xq.q[0], xq.blocks[0].shift),
+            (-f.act_max, 1),
+            "{}: x = {} quantises to -QMAX with e = 1",
             f.name,
             x[0]
         );
@@ -443,7 +443,7 @@ fn swar_matvecs_match_twins_on_edge_cases() {
         }
         assert_eq!(
             want, want_y,
-            "{}: twin: 32 x (-bias) x (-QMAX) x sx 2",
+            "{}: twin: 32 x (-bias) x (-QMAX) x step 2",
             f.name
         );
     }
@@ -644,9 +644,9 @@ fn quantize_dequantize_error_is_at_most_half_a_step() {
 /// Accuracy of the twins (hence of the kernels) against f64 products of the ORIGINAL f32 weights
 /// and activations, at a real shape.
 ///
-/// Rigorous bound, per output: the kernel computes `Σ ŵ x̂` exactly (ŵ = code * s, x̂ = xq * sx)
+/// Rigorous bound, per output: the kernel computes `Σ ŵ x̂` exactly (ŵ = code * s, x̂ = xq · 2^e)
 /// and rounds once to Q16, so with e_w = |ŵ - w| <= s/2 (checked above) and
-/// e_x = |x̂ - x| <= sx/2 + 2^-17 (activation code rounding plus the f32 -> Q16 rounding),
+/// e_x = |x̂ - x| <= 2^e/2 + 2^-17 (activation code rounding plus the f32 -> Q16 rounding),
 /// `|y - Σ w x| <= Σ (|ŵ| e_x + e_w |x|) + 2^-17`. We check it with the actual scales.
 ///
 /// Typical error: rounding errors are close to uniform and independent, so the relative RMS error
@@ -694,7 +694,7 @@ fn check_accuracy<M: PackedMatrix>(
         sq += err * err;
         let mut bound = 0.5 / 65536.0;
         for j in 0..k {
-            let ex = (xq.blocks[j / GROUP].scale as f64 / 2.0 + 0.5) / 65536.0;
+            let ex = ((1u64 << xq.blocks[j / GROUP].shift) as f64 / 2.0 + 0.5) / 65536.0;
             let ew = m.scale(r, j / GROUP) as f64 / one / 2.0;
             bound += m.weight(r, j).abs() * ex + ew * (xf[j] as f64).abs();
         }

@@ -15,10 +15,11 @@
  *                 columns 4q+c, byte w+128 at bit 32l+8c (two 32-bit lanes).
  *                 scales u32 [rows/4][k/32][4].
  *   activations x (s32 Q16) quantised per block of 32 columns by quantize_x8 / quantize_x16:
- *             scale sx = max|x| / QMAX + 1 (Q16 units, so x ~= xq * sx), xq = round(x / sx)
+ *             shift e, the least with round(max|x| / 2^e) <= QMAX (so x ~= xq * 2^e in Q16
+ *             units: a power-of-two scale, applied by a shift instead of a multiply), xq = round(x / 2^e)
  *             (half away from zero) in -QMAX..QMAX, QMAX = 127 (a8) or 32767 (a16). One buffer
- *             of 8.5 k bytes: s64 xq [k], then struct swar_xblock { sum of xq, sx } [k/32].
- *   output    y[r] = sat(round(sum_g s[r][g] * sx[g] * D[r][g] / 2^24)) in Q16, where
+ *             of 8.5 k bytes: s64 xq [k], then struct swar_xblock { sum of xq, e } [k/32].
+ *   output    y[r] = sat(round(sum_g (s[r][g] * D[r][g]) << e[g] / 2^24)) in Q16, where
  *             D[r][g] = sum over the group's columns of w * xq, exactly.
  *
  * The lane algebra (W4; W8 is the same with two 32-bit lanes and bias 128). All word arithmetic
@@ -34,7 +35,7 @@
  * No spills inside a group and no weight sums are needed: the +8 bias is removed through the
  * activations' block sum. W8: |D| <= 32 * 128 * 32767 < 2^27 < 2^31 in 32-bit lanes.
  *
- * The row accumulator sum_g s * sx * D is an s64 (computed as u64: it wraps, identically in the
+ * The row accumulator sum_g (s * D) << e is an s64 (computed as u64: it wraps, identically in the
  * twin) and is exact while every partial sum stays below 2^63 / 2^40 = 2^23 in real terms, 256
  * times the largest output (outputs saturate at 2^15). */
 #pragma once
@@ -73,7 +74,7 @@
 
 struct swar_xblock {
 	s64 sum;   /* sum of the block's quantised activations */
-	s64 scale; /* sx: x ~= xq * sx, Q16 units, >= 1 */
+	s64 shift; /* e: x ~= xq << e, Q16 units, 0..31 */
 };
 
 /* ------------------------------------------------------------------ activation quantisation */
@@ -85,17 +86,18 @@ struct quantize_x_args {
 	u32 pad;
 };
 
-/* One block of 32: sx = max|x| / qmax + 1 > max|x| / qmax, so |x| / sx < qmax and the rounded
- * code is at most qmax. xq = round(|x| / sx) with x's sign, as floor((|x| + floor(sx/2)) / sx):
- * half up for even sx, and odd sx never meets a half. |x| <= 2^31 and sx < 2^25 keep the
- * dividend in u32. */
+/* One block of 32: e is the least shift with round(max|x| / 2^e) <= qmax, so every code is at
+ * most qmax; xq = round(|x| / 2^e) with x's sign, as (|x| + (2^e >> 1)) >> e (half up).
+ * |x| <= 2^31 keeps the sums in u64 and e <= 25. A power-of-two scale costs at most one bit of
+ * the code range and lets the matvec kernels apply it with a shift, not a multiply (W4A8
+ * spends 81 multiplies per 256 products with a multiply here, 73 with the shift). */
 __noinline int quantize_block(u64 xa, u64 qa, u64 ba, u32 qmax)
 {
 	const s32 __arena *x = ARENA_PTR(const s32, xa);
 	s64 __arena *q = ARENA_PTR(s64, qa);
 	struct swar_xblock __arena *b = ARENA_PTR(struct swar_xblock, ba);
 	u64 m = 0, sum = 0;
-	u32 sx;
+	u32 e = 0;
 
 	for (int j = 0; j < SW_GROUP; j++) {
 		s64 v = x[j];
@@ -103,18 +105,19 @@ __noinline int quantize_block(u64 xa, u64 qa, u64 ba, u32 qmax)
 
 		m = a > m ? a : m;
 	}
-	sx = (u32)(m / qmax) + 1;
+	while (e < 31 && ((m + ((1ULL << e) >> 1)) >> e) > qmax)
+		e++;
 	for (int j = 0; j < SW_GROUP; j++) {
 		s64 v = x[j];
-		u32 a = (u32)(v < 0 ? -v : v);
-		s64 r = (a + (sx >> 1)) / sx;
+		u64 a = (u64)(v < 0 ? -v : v);
+		s64 r = (s64)((a + ((1ULL << e) >> 1)) >> e);
 
 		r = v < 0 ? -r : r;
 		q[j] = r;
 		sum += r;
 	}
 	b->sum = (s64)sum;
-	b->scale = sx;
+	b->shift = e;
 	return 0;
 }
 
@@ -216,7 +219,7 @@ __noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 		const u32 __arena *s = ARENA_PTR(const u32, sa) + g * 8;
 		const struct swar_xblock __arena *b = ARENA_PTR(const struct swar_xblock, xba) + g;
 		u64 a0 = 0, a1 = 0; /* rows 0..3 and 4..7, one 16-bit lane each */
-		u64 kx, sx;
+		u64 kx, e;
 
 #pragma unroll
 		for (int q = 0; q < 8; q++) {
@@ -237,14 +240,14 @@ __noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 		}
 		/* A + kx: remove the weights' +8 (8 S per lane), lift lanes 0..2 by 2^15 */
 		kx = SW4_HALF - (u64)(8 * b->sum) * SW4_ONES;
-		sx = (u64)b->scale;
+		e = (u64)b->shift;
 		a0 += kx;
 		a1 += kx;
-		/* acc += D * s * sx, in u64 (wrapping exactly like the twin) */
+		/* acc += (D * s) << e, in u64 (wrapping exactly like the twin) */
 #pragma unroll
 		for (int l = 0; l < 4; l++) {
-			acc[l] += lane16(a0, l) * s[l] * sx;
-			acc[4 + l] += lane16(a1, l) * s[4 + l] * sx;
+			acc[l] += lane16(a0, l) * s[l] << e;
+			acc[4 + l] += lane16(a1, l) * s[4 + l] << e;
 		}
 	}
 #pragma unroll
@@ -272,7 +275,7 @@ __noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 		const u32 __arena *s = ARENA_PTR(const u32, sa) + g * 4;
 		const struct swar_xblock __arena *b = ARENA_PTR(const struct swar_xblock, xba) + g;
 		u64 a0 = 0, a1 = 0; /* rows 0..1 and 2..3, one 32-bit lane each */
-		u64 kx, sx;
+		u64 kx, e;
 
 #pragma unroll
 		for (int q = 0; q < 8; q++) {
@@ -293,14 +296,14 @@ __noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 		}
 		/* A + kx: remove the weights' +128 (128 S per lane), lift lane 0 by 2^31 */
 		kx = SW8_HALF - (u64)(128 * b->sum) * SW8_ONES;
-		sx = (u64)b->scale;
+		e = (u64)b->shift;
 		a0 += kx;
 		a1 += kx;
-		/* acc += D * s * sx, in u64 (wrapping exactly like the twin) */
+		/* acc += (D * s) << e, in u64 (wrapping exactly like the twin) */
 #pragma unroll
 		for (int l = 0; l < 2; l++) {
-			acc[l] += lane32(a0, l) * s[l] * sx;
-			acc[2 + l] += lane32(a1, l) * s[2 + l] * sx;
+			acc[l] += lane32(a0, l) * s[l] << e;
+			acc[2 + l] += lane32(a1, l) * s[2 + l] << e;
 		}
 	}
 #pragma unroll
