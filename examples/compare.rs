@@ -22,20 +22,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use qwen_bpf::reference::Reference;
-use qwen_bpf::tokenizer::Tokenizer;
 use qwen_bpf::{Backend, Checkpoint, Error, KernelMemory, Model, ModelOptions, Result};
-
-/// The prompt when the model has a tokenizer (cut or repeated to `--tokens` tokens).
-const PROMPT_TEXT: &str = "The old lighthouse keeper climbed the spiral stairs every evening at dusk, \
-    counting the steps as his father had taught him. From the lamp room he could see the fishing \
-    boats returning to the harbour, their lights scattered across the dark water like fallen stars. \
-    He trimmed the wick, polished the great lens until it shone, and wrote the date, the weather and \
-    the names of the boats in a leather logbook that had belonged to three keepers before him.";
-
-/// The prompt without a tokenizer (cut or repeated to `--tokens` tokens): ordinary Qwen3 ids.
-const PROMPT_IDS: [u32; 16] = [
-    785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 9707, 11, 1879, 220, 3555, 374, 264,
-];
 
 /// Compare every weight store with the f32 reference.
 #[derive(Debug, Parser)]
@@ -133,20 +120,7 @@ fn run(args: &Args) -> Result<()> {
     let ck = Checkpoint::open(&args.model)?;
     let vocab = ck.config.vocab_size;
     let n = args.tokens as usize;
-    let (source, base) = if args.model.join("tokenizer.json").is_file() {
-        let ids = Tokenizer::from_model_dir(&args.model)?.encode(PROMPT_TEXT)?;
-        ("a fixed English text", ids)
-    } else {
-        ("fixed token ids (no tokenizer.json)", PROMPT_IDS.to_vec())
-    };
-    let prompt: Vec<u32> = base.iter().copied().cycle().take(n).collect();
-    if let Some((index, &id)) = prompt
-        .iter()
-        .enumerate()
-        .find(|(_, &id)| id as usize >= vocab)
-    {
-        return Err(Error::TokenOutOfRange { id, index, vocab });
-    }
+    let (source, prompt) = common::prompt(&args.model, vocab, n)?;
     let max_context = args.max_context.unwrap_or(n + args.continuation);
     if max_context < n + args.continuation.saturating_sub(1) {
         return Err(Error::Invalid(format!(
@@ -301,7 +275,7 @@ fn stats(want: &Run, got: &Run) -> Result<Stats> {
         argmax_agree += (ra == sa) as usize;
         let (rt, st) = (top_k(r, 5), top_k(s, 5));
         top5 += rt.iter().filter(|j| st.contains(j)).count() as f64 / 5.0;
-        kl += kl_divergence(r, s);
+        kl += common::kl_divergence(r, s);
         let gap = r[rt[0]] - r[rt[1]];
         if gap > 2.0 * pos_max {
             gated += 1;
@@ -340,17 +314,4 @@ fn top_k(v: &[f32], k: usize) -> Vec<usize> {
     }
     idx.sort_by(by_value);
     idx
-}
-
-/// `log softmax(v)` in f64, shifted by the maximum so that no exponential overflows.
-fn log_softmax(v: &[f32]) -> Vec<f64> {
-    let max = v.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let log_sum = v.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-    v.iter().map(|&x| x as f64 - max - log_sum).collect()
-}
-
-/// KL(p ‖ q) in nats for the softmaxes of logits `p` (reference) and `q` (store).
-fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }

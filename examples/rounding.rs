@@ -1,13 +1,25 @@
-//! How much of a low-bit store's error is the weight rounding itself? Writes a copy of a
-//! checkpoint whose decoder matrices are replaced by their 4- or 8-bit group-wise rounded values
-//! (`qwen_bpf::swar::quantize_int4` / `quantize_int8`, dequantised, stored as F32), then runs the
-//! f32 reference on both over a fixed 16-token sequence and prints the mean |Δlogit| and argmax
-//! agreement. Compare with the int4 / int8 rows of `compare`: the difference is what the kernels
-//! and the activation quantisation add.
+//! How sensitive is a checkpoint to its weights being rounded? Writes a copy of a checkpoint whose
+//! decoder matrices (q/k/v/o and gate/up/down of every layer; not the embedding or LM head) are
+//! perturbed, then runs the f32 reference on both over the fixed prompt of `compare` and prints
+//! the mean |Δlogit|, the KL divergence and the argmax agreement. The perturbation is one of:
+//!
+//! * `--bits 4|8`: the weights rounded by the low-bit stores' own quantisers
+//!   (`qwen_bpf::swar::quantize_int4` / `quantize_int8`, dequantised). Compare with the int4 /
+//!   int8 rows of `compare`: the difference is what the kernels and the activation quantisation
+//!   add to the rounding itself.
+//! * `--noise EPS`: Gaussian noise of EPS × each row's RMS added to every weight (seeded): how
+//!   strongly this checkpoint amplifies a weight error of known size (4-bit rounding is about
+//!   0.1 × RMS, 8-bit about 0.006 ×).
+//!
+//! `--only NAME` perturbs only the matrices whose name contains NAME (e.g. `down_proj`): which
+//! kinds of matrix the error comes from.
 //!
 //! ```text
-//! cargo run --release --example rounding -- --model DIR --bits 4|8 --out DIR
+//! cargo run --release --example rounding -- --model DIR (--bits 4|8 | --noise EPS) [--only NAME] \
+//!     [--tokens 16] --out DIR
 //! ```
+
+mod common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -20,43 +32,91 @@ use qwen_bpf::swar::{self, PackedMatrix};
 use qwen_bpf::{Checkpoint, Error, Result};
 
 #[derive(Debug, Parser)]
-#[command(about = "Measure the f32 reference's sensitivity to 4/8-bit rounded decoder weights")]
+#[command(about = "Measure the f32 reference's sensitivity to rounded or noisy decoder weights")]
 struct Args {
     /// Model directory (config.json + safetensors).
     #[arg(long)]
     model: PathBuf,
-    /// Weight bits: 4 or 8.
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["4", "8"]))]
-    bits: String,
-    /// Where to write the rounded copy (config.json + an F32 model.safetensors).
+    /// Round to this many bits with the low-bit stores' quantiser: 4 or 8.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["4", "8"]),
+          required_unless_present = "noise", conflicts_with = "noise")]
+    bits: Option<String>,
+    /// Instead, add Gaussian noise of this many times each row's RMS.
+    #[arg(long)]
+    noise: Option<f64>,
+    /// Perturb only the matrices whose name contains this (e.g. `down_proj`).
+    #[arg(long)]
+    only: Option<String>,
+    /// Prompt length in tokens.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    tokens: u32,
+    /// Where to write the perturbed copy (config.json + an F32 model.safetensors).
     #[arg(long)]
     out: PathBuf,
 }
 
-const TOKENS: [u32; 16] = [
-    785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386,
-];
+/// A deterministic standard-normal source (xorshift64 and the Box–Muller transform).
+struct Normal(u64);
+
+impl Normal {
+    fn next(&mut self) -> f64 {
+        let mut uniform = || {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            ((self.0 >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+        };
+        let (u, v) = (uniform(), uniform());
+        (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+/// The perturbed copy of the `[rows][cols]` matrix `w`.
+fn perturb(a: &Args, w: Vec<f32>, rows: usize, cols: usize, rng: &mut Normal) -> Result<Vec<f32>> {
+    let dequantised = match a.bits.as_deref() {
+        Some("4") => swar::quantize_int4(&w, rows, cols)?.dequantize(),
+        Some(_) => swar::quantize_int8(&w, rows, cols)?.dequantize(),
+        None => {
+            let eps = a.noise.unwrap_or(0.0);
+            let mut w = w;
+            for row in w.chunks_mut(cols) {
+                let rms =
+                    (row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64).sqrt();
+                for v in row {
+                    *v += (eps * rms * rng.next()) as f32;
+                }
+            }
+            return Ok(w);
+        }
+    };
+    Ok(dequantised.into_iter().map(|v| v as f32).collect())
+}
 
 fn run(a: &Args) -> Result<()> {
     let ck = Checkpoint::open(&a.model)?;
+    let (source, prompt) = common::prompt(&a.model, ck.config.vocab_size, a.tokens as usize)?;
     std::fs::create_dir_all(&a.out).map_err(|e| Error::io(&a.out, e))?;
+    let mut rng = Normal(0x9E37_79B9_7F4A_7C15);
     let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut perturbed = 0;
     for (name, shape) in tensor_specs(&ck.config) {
         let mut w = ck.tensor_f32(&name)?;
-        if shape.len() == 2 && name != "model.embed_tokens.weight" && name != "lm_head.weight" {
-            let (r, c) = (shape[0], shape[1]);
-            let d = if a.bits == "4" {
-                swar::quantize_int4(&w, r, c)?.dequantize()
-            } else {
-                swar::quantize_int8(&w, r, c)?.dequantize()
-            };
-            w = d.into_iter().map(|v| v as f32).collect();
+        let decoder = shape.len() == 2 && name.starts_with("model.layers.");
+        if decoder && a.only.as_ref().is_none_or(|o| name.contains(o.as_str())) {
+            w = perturb(a, w, shape[0], shape[1], &mut rng)?;
+            perturbed += 1;
         }
         data.push((
             name,
             shape,
             w.iter().flat_map(|v| v.to_le_bytes()).collect(),
         ));
+    }
+    if perturbed == 0 {
+        return Err(Error::Invalid(format!(
+            "--only {:?} matches no decoder matrix",
+            a.only.as_deref().unwrap_or("")
+        )));
     }
     let views: HashMap<String, safetensors::tensor::TensorView> = data
         .iter()
@@ -73,43 +133,42 @@ fn run(a: &Args) -> Result<()> {
         path: st.clone(),
         msg: e.to_string(),
     })?;
+    drop(views);
+    drop(data);
     let cfg = a.out.join("config.json");
     std::fs::copy(a.model.join("config.json"), &cfg).map_err(|e| Error::io(&cfg, e))?;
-    let mut exact = Reference::new(&ck, TOKENS.len())?;
-    let mut rounded = Reference::new(&Checkpoint::open(&a.out)?, TOKENS.len())?;
-    let (mut sum, mut n, mut agree) = (0f64, 0usize, 0);
-    let argmax = |v: &[f32]| {
-        v.iter()
-            .enumerate()
-            .max_by(|x, y| x.1.total_cmp(y.1))
-            .map(|m| m.0)
-    };
-    for &t in &TOKENS {
+
+    let mut exact = Reference::new(&ck, prompt.len())?;
+    let mut rounded = Reference::new(&Checkpoint::open(&a.out)?, prompt.len())?;
+    let (mut abs, mut kl, mut agree) = (0f64, 0f64, 0);
+    for &t in &prompt {
         let (x, y) = (exact.forward(t)?, rounded.forward(t)?);
-        sum += x
-            .iter()
-            .zip(&y)
-            .map(|(p, q)| (p - q).abs() as f64)
-            .sum::<f64>();
-        n += x.len();
-        agree += (argmax(&x) == argmax(&y)) as usize;
+        let sum: f64 = x.iter().zip(&y).map(|(p, q)| (p - q).abs() as f64).sum();
+        abs += sum / x.len() as f64;
+        kl += common::kl_divergence(&x, &y);
+        agree += (common::argmax(&x) == common::argmax(&y)) as usize;
     }
+    let what = match (&a.bits, a.noise) {
+        (Some(b), _) => format!("int{b}-rounded"),
+        (None, e) => format!("noise {} × RMS on", e.unwrap_or(0.0)),
+    };
+    let n = prompt.len();
     println!(
-        "f32 reference, int{}-rounded decoder matrices vs exact: mean |Δlogit| {:.4}, argmax {agree}/{}",
-        a.bits,
-        sum / n as f64,
-        TOKENS.len()
+        "f32 reference, {what} {perturbed} decoder matrices{} vs exact, {n} tokens of {source}: \
+         mean |Δlogit| {:.4}, KL {:.2e}, argmax {agree}/{n}",
+        a.only
+            .as_ref()
+            .map(|o| format!(" (*{o}*)"))
+            .unwrap_or_default(),
+        abs / n as f64,
+        kl / n as f64,
     );
     Ok(())
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
+    match common::parse_args::<Args>() {
+        Ok(args) => common::exit_with("rounding", run(&args)),
+        Err(code) => code,
     }
 }

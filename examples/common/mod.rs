@@ -3,8 +3,11 @@
 
 use std::process::ExitCode;
 
+use std::path::Path;
+
 use clap::Parser;
-use qwen_bpf::Backend;
+use qwen_bpf::tokenizer::Tokenizer;
+use qwen_bpf::{Backend, Error, Result};
 
 /// Every weight store the examples offer ([`Backend::ALL`]).
 pub const BACKENDS: &[Backend] = &Backend::ALL;
@@ -62,4 +65,50 @@ pub fn argmax(v: &[f32]) -> usize {
         }
     }
     best
+}
+
+/// The prompt when the model has a tokenizer (cut or repeated to the wanted length).
+pub const PROMPT_TEXT: &str = "The old lighthouse keeper climbed the spiral stairs every evening at dusk, \
+    counting the steps as his father had taught him. From the lamp room he could see the fishing \
+    boats returning to the harbour, their lights scattered across the dark water like fallen stars. \
+    He trimmed the wick, polished the great lens until it shone, and wrote the date, the weather and \
+    the names of the boats in a leather logbook that had belonged to three keepers before him.";
+
+/// The prompt without a tokenizer (cut or repeated to the wanted length): ordinary Qwen3 ids.
+pub const PROMPT_IDS: [u32; 16] = [
+    785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 9707, 11, 1879, 220, 3555, 374, 264,
+];
+
+/// The fixed prompt of `n` tokens for the model in `dir`: [`PROMPT_TEXT`] encoded by its
+/// tokenizer.json, else [`PROMPT_IDS`]; returns a description of the source and the ids.
+/// An id outside the vocabulary is [`Error::TokenOutOfRange`].
+pub fn prompt(dir: &Path, vocab: usize, n: usize) -> Result<(&'static str, Vec<u32>)> {
+    let (source, base) = if dir.join("tokenizer.json").is_file() {
+        let ids = Tokenizer::from_model_dir(dir)?.encode(PROMPT_TEXT)?;
+        ("a fixed English text", ids)
+    } else {
+        ("fixed token ids (no tokenizer.json)", PROMPT_IDS.to_vec())
+    };
+    let prompt: Vec<u32> = base.iter().copied().cycle().take(n).collect();
+    if let Some((index, &id)) = prompt
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id as usize >= vocab)
+    {
+        return Err(Error::TokenOutOfRange { id, index, vocab });
+    }
+    Ok((source, prompt))
+}
+
+/// `log softmax(v)` in f64, shifted by the maximum so that no exponential overflows.
+pub fn log_softmax(v: &[f32]) -> Vec<f64> {
+    let max = v.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    let log_sum = v.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+    v.iter().map(|&x| x as f64 - max - log_sum).collect()
+}
+
+/// KL(p ‖ q) in nats for the softmaxes of logits `p` (reference) and `q` (store).
+pub fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
+    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
