@@ -25,6 +25,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Result as CResult, Tensor, Var, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use clap::Parser;
+use qwen_bpf::synth::Preset;
 use qwen_bpf::{checkpoint::tensor_specs, reference::Reference, Checkpoint, Config};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -71,7 +72,8 @@ impl Rng {
     }
 }
 
-/// The model config, in the HF Qwen3 `config.json` style.
+/// The model config, in the HF Qwen3 `config.json` style: the tiny synthetic preset's (tied
+/// embeddings, RoPE theta 1e6, eps 1e-6), reshaped.
 fn config() -> Config {
     Config {
         vocab_size: 256,
@@ -82,20 +84,9 @@ fn config() -> Config {
         num_key_value_heads: 2,
         head_dim: Some(64),
         max_position_embeddings: 4096,
-        rms_norm_eps: 1e-6,
-        rope_theta: Some(1e6),
-        rope_parameters: None,
-        rope_scaling: None,
-        tie_word_embeddings: true,
-        attention_bias: false,
-        use_sliding_window: false,
-        hidden_act: "silu".into(),
-        torch_dtype: Some("bfloat16".into()),
-        dtype: None,
         bos_token_id: None,
         eos_token_id: None,
-        architectures: vec!["Qwen3ForCausalLM".into()],
-        model_type: Some("qwen3".into()),
+        ..Preset::Tiny.config()
     }
 }
 

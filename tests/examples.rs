@@ -3,28 +3,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use qwen_bpf::reference::Reference;
 use qwen_bpf::synth::{KeyStyle, Preset, SynthOptions};
 use qwen_bpf::Checkpoint;
-
-/// The example binary cargo built next to this test (target/<profile>/examples/logits).
-fn logits_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("examples/logits");
-    assert!(
-        bin.is_file(),
-        "{} is missing: `cargo test` builds the examples",
-        bin.display()
-    );
-    bin
-}
 
 /// Runs `logits` and returns the array's shape and values.
 fn run_logits(
@@ -34,7 +18,7 @@ fn run_logits(
     out: &Path,
     cache: &Path,
 ) -> (Vec<u64>, Vec<f32>) {
-    let o = Command::new(logits_bin())
+    let o = Command::new(common::example_bin("logits"))
         .args([
             "--model",
             dir.to_str().unwrap(),
@@ -136,7 +120,7 @@ fn logits_example_rejects_bad_input_with_a_message() {
         ("1,2", "int3", "unknown backend"),
         ("abc", "q24", "abc"),
     ] {
-        let o = Command::new(logits_bin())
+        let o = Command::new(common::example_bin("logits"))
             .args([
                 "--model",
                 dir.to_str().unwrap(),

@@ -7,27 +7,10 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use qwen_bpf::reference::Reference;
 use qwen_bpf::{Backend, Checkpoint, Model, ModelOptions};
-
-/// The example binary cargo built next to this test (target/<profile>/examples/train_tiny).
-fn train_tiny_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("examples/train_tiny");
-    assert!(
-        bin.is_file(),
-        "{} is missing: `cargo test` builds the examples",
-        bin.display()
-    );
-    bin
-}
 
 /// The evaluation text (not from the training corpus): its first [`N`] bytes, byte = token id.
 const TEXT: &[u8] = b"The old lighthouse keeper climbed the spiral stairs every evening at dusk, \
@@ -66,7 +49,7 @@ fn agreement(want: &[Vec<f32>], got: &[Vec<f32>]) -> (f64, usize) {
 fn low_bit_stores_stay_close_to_the_reference_on_a_trained_model() {
     let dir = common::scratch_dir();
     let model = dir.path().join("model");
-    let o = Command::new(train_tiny_bin())
+    let o = Command::new(common::example_bin("train_tiny"))
         .args(["--steps", "200", "--out"])
         .arg(&model)
         .output()

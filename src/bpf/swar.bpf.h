@@ -72,6 +72,22 @@
 	    : [acc] "+r"(a), [tmp] "=&r"(t)                                             \
 	    : [wv] "r"(v), [msk] "r"(m), [xv] "r"(x))
 
+/* Columns 4q..4q+3 of a weight-word pair: a0 and a1 += the lanes of words wq[0] and wq[1] for
+ * column c (shifted right by c times the code width: sh1..sh3 for c = 1..3) times xq[c]. */
+#define SW_FOUR_COLUMNS(a0, a1, wq, xq, m, sh1, sh2, sh3)                              \
+	do {                                                                            \
+		u64 v0 = (wq)[0], v1 = (wq)[1], t0, t1;                                 \
+		u64 x0 = (xq)[0], x1 = (xq)[1], x2 = (xq)[2], x3 = (xq)[3];             \
+		SW_MAC0(a0, v0, m, x0, t0);                                             \
+		SW_MAC0(a1, v1, m, x0, t1);                                             \
+		SW_MAC(a0, v0, sh1, m, x1, t0);                                         \
+		SW_MAC(a1, v1, sh1, m, x1, t1);                                         \
+		SW_MAC(a0, v0, sh2, m, x2, t0);                                         \
+		SW_MAC(a1, v1, sh2, m, x2, t1);                                         \
+		SW_MAC(a0, v0, sh3, m, x3, t0);                                         \
+		SW_MAC(a1, v1, sh3, m, x3, t1);                                         \
+	} while (0)
+
 struct swar_xblock {
 	s64 sum;   /* sum of the block's quantised activations */
 	s64 shift; /* e: x ~= xq << e, Q16 units, 0..31 */
@@ -222,22 +238,8 @@ __noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 		u64 kx, e;
 
 #pragma unroll
-		for (int q = 0; q < 8; q++) {
-			u64 v0 = w[2 * q], v1 = w[2 * q + 1], t0, t1, x0, x1, x2, x3;
-
-			x0 = x[4 * q];
-			x1 = x[4 * q + 1];
-			x2 = x[4 * q + 2];
-			x3 = x[4 * q + 3];
-			SW_MAC0(a0, v0, m, x0, t0);
-			SW_MAC0(a1, v1, m, x0, t1);
-			SW_MAC(a0, v0, 4, m, x1, t0);
-			SW_MAC(a1, v1, 4, m, x1, t1);
-			SW_MAC(a0, v0, 8, m, x2, t0);
-			SW_MAC(a1, v1, 8, m, x2, t1);
-			SW_MAC(a0, v0, 12, m, x3, t0);
-			SW_MAC(a1, v1, 12, m, x3, t1);
-		}
+		for (int q = 0; q < 8; q++)
+			SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 4, 8, 12);
 		/* A + kx: remove the weights' +8 (8 S per lane), lift lanes 0..2 by 2^15 */
 		kx = SW4_HALF - (u64)(8 * b->sum) * SW4_ONES;
 		e = (u64)b->shift;
@@ -278,22 +280,8 @@ __noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 		u64 kx, e;
 
 #pragma unroll
-		for (int q = 0; q < 8; q++) {
-			u64 v0 = w[2 * q], v1 = w[2 * q + 1], t0, t1, x0, x1, x2, x3;
-
-			x0 = x[4 * q];
-			x1 = x[4 * q + 1];
-			x2 = x[4 * q + 2];
-			x3 = x[4 * q + 3];
-			SW_MAC0(a0, v0, m, x0, t0);
-			SW_MAC0(a1, v1, m, x0, t1);
-			SW_MAC(a0, v0, 8, m, x1, t0);
-			SW_MAC(a1, v1, 8, m, x1, t1);
-			SW_MAC(a0, v0, 16, m, x2, t0);
-			SW_MAC(a1, v1, 16, m, x2, t1);
-			SW_MAC(a0, v0, 24, m, x3, t0);
-			SW_MAC(a1, v1, 24, m, x3, t1);
-		}
+		for (int q = 0; q < 8; q++)
+			SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 8, 16, 24);
 		/* A + kx: remove the weights' +128 (128 S per lane), lift lane 0 by 2^31 */
 		kx = SW8_HALF - (u64)(128 * b->sum) * SW8_ONES;
 		e = (u64)b->shift;

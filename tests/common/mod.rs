@@ -26,6 +26,24 @@ pub fn tokenizer_path() -> PathBuf {
     p
 }
 
+/// The example binary `name` that cargo built next to the running test
+/// (target/<profile>/examples/<name>; `cargo test` builds the examples).
+pub fn example_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>/deps/<test>")
+        .join("examples")
+        .join(name);
+    assert!(
+        bin.is_file(),
+        "{} is missing: `cargo test` builds the examples",
+        bin.display()
+    );
+    bin
+}
+
 /// Where checkpoints for `tag` live.
 pub fn model_dir(tag: &str) -> PathBuf {
     assert!(
