@@ -16,9 +16,10 @@
  *                 scales u32 [rows/4][k/32][4].
  *   activations x (s32 Q16) quantised per block of 32 columns by quantize_x8 / quantize_x16:
  *             shift e, the least with round(max|x| / 2^e) <= QMAX (so x ~= xq * 2^e in Q16
- *             units: a power-of-two scale, applied by a shift instead of a multiply), xq = round(x / 2^e)
- *             (half away from zero) in -QMAX..QMAX, QMAX = 127 (a8) or 32767 (a16). One buffer
- *             of 8.5 k bytes: s64 xq [k], then struct swar_xblock { sum of xq, e } [k/32].
+ *             units: a power-of-two scale, applied by a shift instead of a multiply),
+ *             xq = round(x / 2^e) (half away from zero) in -QMAX..QMAX, QMAX = 127 (a8) or
+ *             32767 (a16). One buffer of 8.5 k bytes: s64 xq [k], then
+ *             struct swar_xblock { sum of xq, e } [k/32].
  *   output    y[r] = sat(round(sum_g (s[r][g] * D[r][g]) << e[g] / 2^24)) in Q16, where
  *             D[r][g] = sum over the group's columns of w * xq, exactly.
  *
@@ -90,7 +91,7 @@
 
 struct swar_xblock {
 	s64 sum;   /* sum of the block's quantised activations */
-	s64 shift; /* e: x ~= xq << e, Q16 units, 0..31 */
+	s64 shift; /* e: x ~= xq << e, Q16 units, 0..25 */
 };
 
 /* ------------------------------------------------------------------ activation quantisation */
