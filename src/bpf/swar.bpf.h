@@ -181,19 +181,14 @@ struct swar_mv_args {
 	s64 best_val; /* LM head out: its logit, Q16 */
 };
 
-/* Digit l of a decoded W4 group word (see the algebra above). l is a compile-time constant. */
-static __always_inline u64 lane16(u64 q, int l)
+/* Digit l of a decoded group word with `lanes` lanes of `bits` bits (see the algebra above):
+ * the top lane is read signed, the others lifted by 2^(bits-1). l, lanes and bits are
+ * compile-time constants. */
+static __always_inline u64 lane(u64 q, int l, int lanes, int bits)
 {
-	if (l == 3)
-		return (u64)((s64)q >> 48);
-	return ((q >> (16 * l)) & 0xffff) - 0x8000;
-}
-
-static __always_inline u64 lane32(u64 q, int l)
-{
-	if (l == 1)
-		return (u64)((s64)q >> 32);
-	return (q & 0xffffffffULL) - 0x80000000ULL;
+	if (l == lanes - 1)
+		return (u64)((s64)q >> (bits * l));
+	return ((q >> (bits * l)) & ((1ULL << bits) - 1)) - (1ULL << (bits - 1));
 }
 
 /* The end of a row block: y = sat(round(acc / 2^24)) in Q16, written unless ya == 0, or in
@@ -215,92 +210,74 @@ static __always_inline s64 finish_row(u64 acc, u64 ya, int l, u32 mode)
 	return (s64)v * 8 + (7 - l);
 }
 
-/* Eight rows of W4 times quantised x: wa = their [k/4][2] words, sa = their [k/32][8] scales,
- * xqa = the quantised activations, ya = &y[first row] or 0, k_mode = k | mode << 32 (BPF
- * functions take at most five arguments). A global function: the verifier checks it once, but
- * walks its group loop once per possible iteration (SW_KMAX / 32 = 512: ~250k instructions
- * processed, a fraction of a second at load). An open-coded iterator would verify in a few
- * passes but costs a kfunc call per group in the hot loop. */
-__noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
+/* One row block times quantised x: w8 = 0 for eight rows of W4 (four 16-bit lanes per word,
+ * bias 8), 1 for four rows of W8 (two 32-bit lanes, bias 128), a compile-time constant. wa = the
+ * block's [k/4][2] words, sa = its [k/32][rows] scales, xqa = the quantised activations,
+ * ya = &y[first row] or 0, k_mode = k | mode << 32. Returns the block's best row as finish_row
+ * packs it. */
+static __always_inline s64 swar_rows(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode, const int w8)
 {
+	const int lanes = w8 ? 2 : 4, bits = w8 ? 32 : 16, rows = 2 * lanes;
 	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
 	u64 xba = xqa + (u64)k * 8;
 	u64 acc[8] = {};
-	u64 m = SW4_MASK;
+	u64 m = w8 ? SW8_MASK : SW4_MASK;
 	s64 best = -(1LL << 62), p;
 
 	asm volatile("" : "+r"(m)); /* keep the mask in a register */
 	for (u32 g = 0; g < k / SW_GROUP && g < SW_KMAX / SW_GROUP; g++) {
 		const u64 __arena *w = ARENA_PTR(const u64, wa) + g * 16;
 		const s64 __arena *x = ARENA_PTR(const s64, xqa) + g * SW_GROUP;
-		const u32 __arena *s = ARENA_PTR(const u32, sa) + g * 8;
+		const u32 __arena *s = ARENA_PTR(const u32, sa) + g * rows;
 		const struct swar_xblock __arena *b = ARENA_PTR(const struct swar_xblock, xba) + g;
-		u64 a0 = 0, a1 = 0; /* rows 0..3 and 4..7, one 16-bit lane each */
+		u64 a0 = 0, a1 = 0; /* the block's first and second half of rows, one lane each */
 		u64 kx, e;
 
 #pragma unroll
-		for (int q = 0; q < 8; q++)
-			SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 4, 8, 12);
-		/* A + kx: remove the weights' +8 (8 S per lane), lift lanes 0..2 by 2^15 */
-		kx = SW4_HALF - (u64)(8 * b->sum) * SW4_ONES;
+		for (int q = 0; q < 8; q++) {
+			if (w8)
+				SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 8, 16, 24);
+			else
+				SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 4, 8, 12);
+		}
+		/* A + kx: remove the weights' bias (bias * S per lane), lift the lower lanes by half
+		 * their range */
+		if (w8)
+			kx = SW8_HALF - (u64)(128 * b->sum) * SW8_ONES;
+		else
+			kx = SW4_HALF - (u64)(8 * b->sum) * SW4_ONES;
 		e = (u64)b->shift;
 		a0 += kx;
 		a1 += kx;
 		/* acc += (D * s) << e, in u64 (wrapping exactly like the twin) */
 #pragma unroll
-		for (int l = 0; l < 4; l++) {
-			acc[l] += lane16(a0, l) * s[l] << e;
-			acc[4 + l] += lane16(a1, l) * s[4 + l] << e;
+		for (int l = 0; l < lanes; l++) {
+			acc[l] += lane(a0, l, lanes, bits) * s[l] << e;
+			acc[lanes + l] += lane(a1, l, lanes, bits) * s[lanes + l] << e;
 		}
 	}
 #pragma unroll
-	for (int l = 0; l < 8; l++) {
+	for (int l = 0; l < rows; l++) {
 		p = finish_row(acc[l], ya, l, mode);
 		best = p > best ? p : best;
 	}
 	return best;
 }
 
-/* Four rows of W8 times quantised x: wa = their [k/4][2] words, sa = their [k/32][4] scales;
- * the other arguments as for w4a8_rows8. */
+/* Eight rows of W4 (swar_rows). A global function: the verifier checks it once, but walks its
+ * group loop once per possible iteration (SW_KMAX / 32 = 512: ~250k instructions processed, a
+ * fraction of a second at load). An open-coded iterator would verify in a few passes but costs a
+ * kfunc call per group in the hot loop. BPF functions take at most five arguments, hence
+ * k_mode. */
+__noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
+{
+	return swar_rows(wa, sa, xqa, ya, k_mode, 0);
+}
+
+/* Four rows of W8 (swar_rows), a global function like w4a8_rows8. */
 __noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 {
-	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
-	u64 xba = xqa + (u64)k * 8;
-	u64 acc[4] = {};
-	u64 m = SW8_MASK;
-	s64 best = -(1LL << 62), p;
-
-	asm volatile("" : "+r"(m)); /* keep the mask in a register */
-	for (u32 g = 0; g < k / SW_GROUP && g < SW_KMAX / SW_GROUP; g++) {
-		const u64 __arena *w = ARENA_PTR(const u64, wa) + g * 16;
-		const s64 __arena *x = ARENA_PTR(const s64, xqa) + g * SW_GROUP;
-		const u32 __arena *s = ARENA_PTR(const u32, sa) + g * 4;
-		const struct swar_xblock __arena *b = ARENA_PTR(const struct swar_xblock, xba) + g;
-		u64 a0 = 0, a1 = 0; /* rows 0..1 and 2..3, one 32-bit lane each */
-		u64 kx, e;
-
-#pragma unroll
-		for (int q = 0; q < 8; q++)
-			SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 8, 16, 24);
-		/* A + kx: remove the weights' +128 (128 S per lane), lift lane 0 by 2^31 */
-		kx = SW8_HALF - (u64)(128 * b->sum) * SW8_ONES;
-		e = (u64)b->shift;
-		a0 += kx;
-		a1 += kx;
-		/* acc += (D * s) << e, in u64 (wrapping exactly like the twin) */
-#pragma unroll
-		for (int l = 0; l < 2; l++) {
-			acc[l] += lane32(a0, l) * s[l] << e;
-			acc[2 + l] += lane32(a1, l) * s[2 + l] << e;
-		}
-	}
-#pragma unroll
-	for (int l = 0; l < 4; l++) {
-		p = finish_row(acc[l], ya, l, mode);
-		best = p > best ? p : best;
-	}
-	return best;
+	return swar_rows(wa, sa, xqa, ya, k_mode, 1);
 }
 
 struct swar_ctx {
