@@ -155,6 +155,8 @@ fn kernels(c: &mut Criterion) {
         });
         let mut want = vec![0i32; rows];
         fixed::matvec(&w, &x, 0..rows, &mut want);
+        ops.matvec(rw, rx, ry, cols, 0..rows, false)
+            .expect("BPF matvec");
         assert_eq!(
             ops.arena.slice::<i32>(ry),
             &want[..],
