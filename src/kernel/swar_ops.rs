@@ -167,7 +167,7 @@ impl Ops {
         })
     }
 
-    fn swar_matvec(
+    fn swar_matvec_as(
         &mut self,
         f: Format,
         m: &PackedRegions,
@@ -190,7 +190,7 @@ impl Ops {
         self.run_parts(&format!("{}_matvec", f.name), &mut parts)
     }
 
-    fn swar_lm_head(
+    fn swar_lm_head_as(
         &mut self,
         f: Format,
         m: &PackedRegions,
@@ -215,6 +215,30 @@ impl Ops {
         ))
     }
 
+    /// [`Ops::w4a8_matvec`] or [`Ops::w8a16_matvec`], whichever `m.format` is: for callers that
+    /// hold matrices of either format.
+    pub fn swar_matvec(
+        &mut self,
+        m: &PackedRegions,
+        xq: &QuantXRegion,
+        y: Region,
+        rows: Rows,
+        accumulate: bool,
+    ) -> Result<()> {
+        self.swar_matvec_as(m.format, m, xq, y, rows, accumulate)
+    }
+
+    /// [`Ops::w4a8_lm_head_argmax`] or [`Ops::w8a16_lm_head_argmax`], whichever `m.format` is.
+    pub fn swar_lm_head_argmax(
+        &mut self,
+        m: &PackedRegions,
+        xq: &QuantXRegion,
+        y: Option<Region>,
+        rows: Rows,
+    ) -> Result<(usize, i32)> {
+        self.swar_lm_head_as(m.format, m, xq, y, rows)
+    }
+
     /// `y[r] = W x` (y i32 Q16) or, when `accumulate`, `y[r] += W x` (y the i64 Q32 residual
     /// stream), for r in `rows` (whole blocks of 8), W 4-bit, x from [`Ops::quantize_x`] into a
     /// W4A8 buffer. Twins: [`crate::swar::matvec_quantized`], [`crate::swar::matvec_quantized_residual`].
@@ -226,7 +250,7 @@ impl Ops {
         rows: Rows,
         accumulate: bool,
     ) -> Result<()> {
-        self.swar_matvec(W4A8, m, xq, y, rows, accumulate)
+        self.swar_matvec_as(W4A8, m, xq, y, rows, accumulate)
     }
 
     /// As [`Ops::w4a8_matvec`] for rows in whole blocks of 4, W 8-bit, x quantised into a W8A16
@@ -239,7 +263,7 @@ impl Ops {
         rows: Rows,
         accumulate: bool,
     ) -> Result<()> {
-        self.swar_matvec(W8A16, m, xq, y, rows, accumulate)
+        self.swar_matvec_as(W8A16, m, xq, y, rows, accumulate)
     }
 
     /// 4-bit logits of `rows` (into `y` when given) and their argmax (row, Q16 logit), first on
@@ -251,7 +275,7 @@ impl Ops {
         y: Option<Region>,
         rows: Rows,
     ) -> Result<(usize, i32)> {
-        self.swar_lm_head(W4A8, m, xq, y, rows)
+        self.swar_lm_head_as(W4A8, m, xq, y, rows)
     }
 
     /// 8-bit logits of `rows` (into `y` when given) and their argmax, first on ties.
@@ -262,6 +286,6 @@ impl Ops {
         y: Option<Region>,
         rows: Rows,
     ) -> Result<(usize, i32)> {
-        self.swar_lm_head(W8A16, m, xq, y, rows)
+        self.swar_lm_head_as(W8A16, m, xq, y, rows)
     }
 }

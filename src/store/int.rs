@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use super::cache::{self, CacheFile, Entry};
-use super::{linear_cols, Linear, Norm, ResidentNorms, WeightStore};
+use super::{Linear, Norm, ResidentNorms, WeightStore};
 use crate::checkpoint::tensor_specs;
 use crate::fixed::{self, Q_NORM, Q_W};
 use crate::kernel::arena::Region;
@@ -304,31 +304,16 @@ impl IntStore {
         })
     }
 
-    /// The quantised-activation buffer for `k` columns in format `f`, after quantising `x` into it.
-    fn quantize(&self, ops: &mut Ops, x: Region, k: usize, f: Format) -> Result<QuantXRegion> {
+    /// The quantised-activation buffer for the columns and format of `m`, after quantising `x`
+    /// into it.
+    fn quantize(&self, ops: &mut Ops, x: Region, m: &PackedRegions) -> Result<QuantXRegion> {
         let xq = *self
             .xq
             .iter()
-            .find(|q| q.k == k && q.format == f)
+            .find(|q| q.k == m.cols && q.format == m.format)
             .expect("a buffer for every (k, format) in the plan");
         ops.quantize_x(x, &xq)?;
         Ok(xq)
-    }
-
-    fn run(
-        &self,
-        ops: &mut Ops,
-        m: &PackedRegions,
-        xq: &QuantXRegion,
-        y: Region,
-        rows: Rows,
-        accumulate: bool,
-    ) -> Result<()> {
-        if m.format == W4A8 {
-            ops.w4a8_matvec(m, xq, y, rows, accumulate)
-        } else {
-            ops.w8a16_matvec(m, xq, y, rows, accumulate)
-        }
     }
 }
 
@@ -422,13 +407,13 @@ impl WeightStore for IntStore {
         rows: Rows,
         accumulate: bool,
     ) -> Result<()> {
-        let (mat, k) = match m {
-            Linear::Qkv(l) => (self.layers[l].qkv, linear_cols(&self.cfg, m)),
-            Linear::O(l) => (self.layers[l].o, linear_cols(&self.cfg, m)),
-            Linear::Down(l) => (self.layers[l].down, linear_cols(&self.cfg, m)),
+        let mat = match m {
+            Linear::Qkv(l) => self.layers[l].qkv,
+            Linear::O(l) => self.layers[l].o,
+            Linear::Down(l) => self.layers[l].down,
         };
-        let xq = self.quantize(ops, x, k, mat.format)?;
-        self.run(ops, &mat, &xq, y, rows, accumulate)
+        let xq = self.quantize(ops, x, &mat)?;
+        ops.swar_matvec(&mat, &xq, y, rows, accumulate)
     }
 
     fn gate_up_swiglu(
@@ -441,13 +426,13 @@ impl WeightStore for IntStore {
         rows: Rows,
     ) -> Result<()> {
         let (ffn, mat) = (self.cfg.intermediate_size, self.layers[layer].gate_up);
-        let xq = self.quantize(ops, x, self.cfg.hidden_size, mat.format)?;
+        let xq = self.quantize(ops, x, &mat)?;
         let out = self.gate_up_out;
         if rows == (0..ffn) {
-            self.run(ops, &mat, &xq, out, 0..2 * ffn, false)?;
+            ops.swar_matvec(&mat, &xq, out, 0..2 * ffn, false)?;
         } else {
-            self.run(ops, &mat, &xq, out, rows.clone(), false)?;
-            self.run(ops, &mat, &xq, out, ffn + rows.start..ffn + rows.end, false)?;
+            ops.swar_matvec(&mat, &xq, out, rows.clone(), false)?;
+            ops.swar_matvec(&mat, &xq, out, ffn + rows.start..ffn + rows.end, false)?;
         }
         let (g, u) = (
             out.sub(rows.start * 4, rows.len() * 4),
@@ -470,11 +455,7 @@ impl WeightStore for IntStore {
         rows: Rows,
     ) -> Result<(usize, i32)> {
         let head = self.lm_head.expect("uploaded");
-        let xq = self.quantize(ops, x, self.cfg.hidden_size, head.format)?;
-        if head.format == W4A8 {
-            ops.w4a8_lm_head_argmax(&head, &xq, logits, rows)
-        } else {
-            ops.w8a16_lm_head_argmax(&head, &xq, logits, rows)
-        }
+        let xq = self.quantize(ops, x, &head)?;
+        ops.swar_lm_head_argmax(&head, &xq, logits, rows)
     }
 }
