@@ -25,7 +25,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::Ops;
-use qwen_bpf::reference::Reference;
+use qwen_bpf::reference::{self, Reference};
 use qwen_bpf::{default_model, Backend, Checkpoint, Model, ModelOptions};
 use qwen_bpf::{fixed, swar};
 
@@ -48,16 +48,6 @@ fn model_dir() -> PathBuf {
     }
 }
 
-fn index_of_max(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 fn decode(c: &mut Criterion) {
     let dir = model_dir();
     let mut g = c.benchmark_group("decode");
@@ -76,7 +66,7 @@ fn decode(c: &mut Criterion) {
                 if r.position() == MAX_CONTEXT {
                     r.reset();
                 }
-                token = index_of_max(&r.forward(token).expect("reference forward"));
+                token = reference::argmax(&r.forward(token).expect("reference forward")) as u32;
                 black_box(token)
             })
         });

@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use qwen_bpf::reference::Reference;
+use qwen_bpf::reference::{self, Reference};
 use qwen_bpf::{Backend, Checkpoint, Error, KernelMemory, Model, ModelOptions, Result};
 
 /// Compare every weight store with the f32 reference.
@@ -77,7 +77,7 @@ impl Engine for Reference {
         self.forward(token)
     }
     fn next_token(&mut self, token: u32) -> Result<u32> {
-        Ok(common::argmax(&self.forward(token)?) as u32)
+        Ok(reference::argmax(&self.forward(token)?) as u32)
     }
 }
 
@@ -101,7 +101,7 @@ fn drive(e: &mut dyn Engine, prompt: &[u32], n: usize) -> Result<(Vec<Vec<f32>>,
     let prompt_ms = t.elapsed().as_secs_f64() * 1e3 / prompt.len() as f64;
     let mut cont = Vec::with_capacity(n);
     if n > 0 {
-        cont.push(common::argmax(logits.last().expect("prompt is non-empty")) as u32);
+        cont.push(reference::argmax(logits.last().expect("prompt is non-empty")) as u32);
     }
     let t = Instant::now();
     while cont.len() < n {
@@ -271,11 +271,11 @@ fn stats(want: &Run, got: &Run) -> Result<Stats> {
         }
         count += r.len();
         max_abs = max_abs.max(pos_max);
-        let (ra, sa) = (common::argmax(r), common::argmax(s));
+        let (ra, sa) = (reference::argmax(r), reference::argmax(s));
         argmax_agree += (ra == sa) as usize;
         let (rt, st) = (top_k(r, 5), top_k(s, 5));
         top5 += rt.iter().filter(|j| st.contains(j)).count() as f64 / 5.0;
-        kl += common::kl_divergence(r, s);
+        kl += reference::kl_divergence(r, s);
         let gap = r[rt[0]] - r[rt[1]];
         if gap > 2.0 * pos_max {
             gated += 1;

@@ -27,7 +27,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use qwen_bpf::checkpoint::tensor_specs;
-use qwen_bpf::reference::Reference;
+use qwen_bpf::reference::{self, Reference};
 use qwen_bpf::swar::{self, PackedMatrix};
 use qwen_bpf::{Checkpoint, Error, Result};
 
@@ -145,8 +145,8 @@ fn run(a: &Args) -> Result<()> {
         let (x, y) = (exact.forward(t)?, rounded.forward(t)?);
         let sum: f64 = x.iter().zip(&y).map(|(p, q)| (p - q).abs() as f64).sum();
         abs += sum / x.len() as f64;
-        kl += common::kl_divergence(&x, &y);
-        agree += (common::argmax(&x) == common::argmax(&y)) as usize;
+        kl += reference::kl_divergence(&x, &y);
+        agree += (reference::argmax(&x) == reference::argmax(&y)) as usize;
     }
     let what = match (&a.bits, a.noise) {
         (Some(b), _) => format!("int{b}-rounded"),

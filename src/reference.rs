@@ -85,6 +85,38 @@ impl std::fmt::Debug for Reference {
 }
 
 /// A zeroed buffer of `n` floats, reporting (rather than aborting on) allocation failure.
+/// The index of the largest logit, the first on ties (as the BPF LM head's argmax); 0 for an
+/// empty slice.
+pub fn argmax(logits: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in logits.iter().enumerate() {
+        if x > logits[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// `log softmax(logits)` in f64, shifted by the maximum so that no exponential overflows.
+pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
+    let max = logits
+        .iter()
+        .fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    let log_sum = logits
+        .iter()
+        .map(|&x| (x as f64 - max).exp())
+        .sum::<f64>()
+        .ln();
+    logits.iter().map(|&x| x as f64 - max - log_sum).collect()
+}
+
+/// KL(p ‖ q) in nats between the softmaxes of logits `p` (the reference's) and `q` (an
+/// engine's), in f64.
+pub fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
+    let (lp, lq) = (log_softmax(p), log_softmax(q));
+    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
+}
+
 fn zeros(n: usize, what: &str) -> Result<Vec<f32>> {
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|e| Error::Resources {
@@ -517,6 +549,34 @@ fn matvec(out: &mut [f32], w: &[f32], x: &[f32], threads: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn comparison_metrics() {
+        assert_eq!(
+            argmax(&[1.0, 3.0, 2.0, 3.0]),
+            1,
+            "argmax: the first of equal maxima"
+        );
+        let p = [0.0f32, (2.0f32).ln()]; // softmax 1/3, 2/3
+        let lp = log_softmax(&p);
+        assert!(
+            (lp[0] - (1.0f64 / 3.0).ln()).abs() < 1e-7,
+            "log_softmax: {lp:?}"
+        );
+        assert!(
+            (lp[1] - (2.0f64 / 3.0).ln()).abs() < 1e-7,
+            "log_softmax: {lp:?}"
+        );
+        assert_eq!(
+            kl_divergence(&p, &p),
+            0.0,
+            "KL of a distribution with itself"
+        );
+        // KL((1/3, 2/3) ‖ (1/2, 1/2)) = 1/3 ln(2/3) + 2/3 ln(4/3)
+        let want = (2.0f64 / 3.0).ln() / 3.0 + 2.0 * (4.0f64 / 3.0).ln() / 3.0;
+        let got = kl_divergence(&p, &[5.0, 5.0]);
+        assert!((got - want).abs() < 1e-7, "KL: {got} vs {want}");
+    }
 
     #[test]
     fn dot_matches_naive_sum() {

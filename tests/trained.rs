@@ -9,7 +9,7 @@ mod common;
 
 use std::process::Command;
 
-use qwen_bpf::reference::Reference;
+use qwen_bpf::reference::{self, Reference};
 use qwen_bpf::{Backend, Checkpoint, Model, ModelOptions};
 
 /// The evaluation text (not from the training corpus): its first [`N`] bytes, byte = token id.
@@ -17,30 +17,13 @@ const TEXT: &[u8] = b"The old lighthouse keeper climbed the spiral stairs every 
 counting the steps as his father had taught him. From the lamp room he could see the fishing boats.";
 const N: usize = 128;
 
-/// `log softmax(v)` in f64.
-fn log_softmax(v: &[f32]) -> Vec<f64> {
-    let max = v.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let log_sum = v.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-    v.iter().map(|&x| x as f64 - max - log_sum).collect()
-}
-
-/// The index of the largest value (the first on ties).
-fn argmax(v: &[f32]) -> usize {
-    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
-}
-
 /// Mean KL(reference ‖ store) in nats and the number of positions whose argmax agrees.
 fn agreement(want: &[Vec<f32>], got: &[Vec<f32>]) -> (f64, usize) {
     let mut kl = 0.0;
     let mut agree = 0;
     for (p, q) in want.iter().zip(got) {
-        let (lp, lq) = (log_softmax(p), log_softmax(q));
-        kl += lp
-            .iter()
-            .zip(&lq)
-            .map(|(a, b)| a.exp() * (a - b))
-            .sum::<f64>();
-        agree += (argmax(p) == argmax(q)) as usize;
+        kl += reference::kl_divergence(p, q);
+        agree += (reference::argmax(p) == reference::argmax(q)) as usize;
     }
     (kl / want.len() as f64, agree)
 }
@@ -72,7 +55,7 @@ fn low_bit_stores_stay_close_to_the_reference_on_a_trained_model() {
     let confident = want
         .iter()
         .filter(|l| {
-            let lp = log_softmax(l);
+            let lp = reference::log_softmax(l);
             -lp.iter().map(|&a| a.exp() * a).sum::<f64>() < 2.5
         })
         .count();

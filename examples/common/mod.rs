@@ -56,17 +56,6 @@ pub fn mib(bytes: usize) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-/// The index of the largest value; the first one on ties (like the BPF LM head's argmax).
-pub fn argmax(v: &[f32]) -> usize {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best
-}
-
 /// The prompt when the model has a tokenizer (cut or repeated to the wanted length).
 pub const PROMPT_TEXT: &str = "The old lighthouse keeper climbed the spiral stairs every evening at dusk, \
     counting the steps as his father had taught him. From the lamp room he could see the fishing \
@@ -98,17 +87,4 @@ pub fn prompt(dir: &Path, vocab: usize, n: usize) -> Result<(&'static str, Vec<u
         return Err(Error::TokenOutOfRange { id, index, vocab });
     }
     Ok((source, prompt))
-}
-
-/// `log softmax(v)` in f64, shifted by the maximum so that no exponential overflows.
-pub fn log_softmax(v: &[f32]) -> Vec<f64> {
-    let max = v.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let log_sum = v.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-    v.iter().map(|&x| x as f64 - max - log_sum).collect()
-}
-
-/// KL(p ‖ q) in nats for the softmaxes of logits `p` (reference) and `q` (store).
-pub fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
-    let (lp, lq) = (log_softmax(p), log_softmax(q));
-    lp.iter().zip(&lq).map(|(a, b)| a.exp() * (a - b)).sum()
 }
