@@ -3,8 +3,12 @@
 //!
 //! ```text
 //! cargo run --release --example logits -- --model DIR --tokens 785,3974,13876 \
-//!     --backend reference|q24 --out FILE.npy [--max-context N] [--cache-dir DIR]
+//!     --backend reference|q24 --out FILE.npy [--max-context N] [--cache-dir DIR] \
+//!     [--kv q16|int8] [--load-context FILE] [--save-context FILE]
 //! ```
+//!
+//! With `--load-context` the tokens continue a saved context (written by `--save-context` or
+//! `generate --save-context`); `--save-context` saves the context after the last token.
 //!
 //! `reference` is the f32 reference forward pass; any other backend is a weight store of the BPF
 //! engine (`qwen_bpf::Model`), whose Q16 logits are converted to f32.
@@ -22,7 +26,7 @@ mod common;
 
 use clap::Parser;
 use npyz::WriterBuilder;
-use qwen_bpf::{Checkpoint, Error, Model, ModelOptions, Result};
+use qwen_bpf::{Checkpoint, Error, KvFormat, Model, ModelOptions, Result};
 
 /// Which engine computes the logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,22 +79,40 @@ struct Args {
     /// Where BPF weight stores keep their converted-weight cache (default: the model directory).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// The KV-cache format of the BPF engine: q16 (exact) or int8.
+    #[arg(long, default_value = "q16", value_parser = common::parse_kv)]
+    kv: KvFormat,
+    /// Continue a saved context (BPF engine only).
+    #[arg(long)]
+    load_context: Option<PathBuf>,
+    /// Save the context after the last token (BPF engine only).
+    #[arg(long)]
+    save_context: Option<PathBuf>,
 }
 
 /// One token in, one row of logits out.
 trait Backend {
     fn forward(&mut self, token: u32) -> Result<Vec<f32>>;
+    fn save_context(&self, path: &Path) -> Result<()>;
 }
 
 impl Backend for qwen_bpf::reference::Reference {
     fn forward(&mut self, token: u32) -> Result<Vec<f32>> {
         qwen_bpf::reference::Reference::forward(self, token)
     }
+    fn save_context(&self, _: &Path) -> Result<()> {
+        Err(Error::Invalid(
+            "--save-context needs a BPF backend".into(),
+        ))
+    }
 }
 
 impl Backend for Model {
     fn forward(&mut self, token: u32) -> Result<Vec<f32>> {
         Model::forward(self, token)
+    }
+    fn save_context(&self, path: &Path) -> Result<()> {
+        Model::save_context(self, path)
     }
 }
 
@@ -100,16 +122,24 @@ fn open_backend<'a>(
     max_context: usize,
 ) -> Result<Box<dyn Backend + 'a>> {
     Ok(match args.backend {
+        BackendKind::Reference if args.load_context.is_some() => {
+            return Err(Error::Invalid("--load-context needs a BPF backend".into()))
+        }
         BackendKind::Reference => Box::new(qwen_bpf::reference::Reference::new(ckpt, max_context)?),
         BackendKind::Bpf(backend) => {
             let opts = ModelOptions {
                 backend,
                 max_context,
+                kv: args.kv,
                 cache_dir: args.cache_dir.clone(),
                 progress: true,
                 ..Default::default()
             };
-            Box::new(Model::open(&args.model, &opts)?)
+            let mut model = Model::open(&args.model, &opts)?;
+            if let Some(path) = &args.load_context {
+                model.load_context(path)?;
+            }
+            Box::new(model)
         }
     })
 }
@@ -126,8 +156,12 @@ fn run(args: &Args) -> Result<()> {
     if n == 0 {
         return Err(Error::EmptyPrompt);
     }
-    let max_context = args.max_context.unwrap_or(n);
-    if max_context < n {
+    let saved = match &args.load_context {
+        Some(path) => qwen_bpf::kv::saved_position(path)?,
+        None => 0,
+    };
+    let max_context = args.max_context.unwrap_or(saved + n);
+    if max_context < saved + n {
         return Err(Error::ContextOverflow {
             pos: max_context,
             max_context,
@@ -160,6 +194,9 @@ fn run(args: &Args) -> Result<()> {
         }
     };
     std::fs::rename(&partial, &args.out).map_err(|e| Error::io(&args.out, e))?;
+    if let Some(path) = &args.save_context {
+        backend.save_context(path)?;
+    }
 
     println!(
         "{} tokens, vocab {vocab}, backend {} -> {} ({:.2} ms/token)",

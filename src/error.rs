@@ -109,6 +109,15 @@ pub enum Error {
         /// The model's vocabulary size.
         vocab: usize,
     },
+    /// A saved context cannot be loaded: damaged, truncated, or made with another checkpoint,
+    /// weight store or KV format.
+    #[error("saved context {path}: {msg}")]
+    Context {
+        /// The context file.
+        path: PathBuf,
+        /// What is wrong.
+        msg: String,
+    },
     /// The KV cache is full.
     #[error("context overflow: position {pos} does not fit max_context {max_context}")]
     ContextOverflow {
@@ -165,6 +174,16 @@ pub enum Error {
     /// A bad argument to a library call.
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// A numeric parameter out of its range, such as a NaN or negative sampling temperature.
+    #[error("invalid {name} {value}: expected {expected}")]
+    InvalidParameter {
+        /// The parameter's name, e.g. `"temperature"`.
+        name: &'static str,
+        /// The value given.
+        value: f64,
+        /// The values accepted.
+        expected: &'static str,
+    },
 }
 
 /// `Result` with the crate's [`Error`].

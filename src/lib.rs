@@ -6,7 +6,8 @@
 //!
 //! Layout: [`config`] and [`checkpoint`] read Hugging Face directories, [`synth`] writes synthetic
 //! ones, [`mod@reference`] is the f32 ground truth, [`tokenizer`] wraps `tokenizers`, [`kernel`] is the
-//! BPF side.
+//! BPF side. [`Model::generate`] ([`mod@generate`]) streams generated tokens, chosen greedily or by
+//! [`sampling`].
 #![warn(missing_docs)]
 
 pub mod checkpoint;
@@ -14,9 +15,13 @@ pub mod config;
 pub mod default_model;
 pub mod error;
 pub mod fixed;
+pub mod generate;
 pub mod kernel;
+pub mod kv;
+pub mod kv8;
 pub mod model;
 pub mod reference;
+pub mod sampling;
 pub mod store;
 pub mod swar;
 pub mod synth;
@@ -26,7 +31,10 @@ pub mod twin;
 pub use checkpoint::Checkpoint;
 pub use config::Config;
 pub use error::{Error, Result};
+pub use generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
+pub use kv::KvFormat;
 pub use model::{KernelMemory, Model, ModelOptions};
+pub use sampling::{Sampler, SamplingParams};
 pub use store::Backend;
 
 /// A progress bar on stderr for long conversions (`total` items).

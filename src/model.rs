@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use crate::fixed::{self, AttnShape};
 use crate::kernel::arena::{Region, MAX_ARENA_BYTES, PAGE};
-use crate::kernel::ops::{AttentionBuffers, Ops};
+use crate::kernel::ops::{kv8_pairs, AttentionBuffers, AttentionI8Buffers, Ops};
+use crate::kv::{self, ContextHeader, KvCache, KvFormat};
 use crate::store::{linear_rows, Backend, Linear, Norm, WeightStore};
 use crate::{Checkpoint, Config, Error, Result};
 
@@ -19,8 +20,11 @@ use crate::{Checkpoint, Config, Error, Result};
 pub struct ModelOptions {
     /// Which weight store to use.
     pub backend: Backend,
-    /// KV-cache capacity in tokens; feeding more is [`Error::ContextOverflow`].
+    /// KV-cache capacity in tokens; feeding more is [`Error::ContextOverflow`]. The cache is
+    /// reserved for all of it, but kernel memory is committed only for positions reached.
     pub max_context: usize,
+    /// How the KV cache stores keys and values (default [`KvFormat::Q16`], exact).
+    pub kv: KvFormat,
     /// Where converted-weight cache files go (default: the model directory).
     pub cache_dir: Option<PathBuf>,
     /// Show progress bars while converting weights.
@@ -38,6 +42,7 @@ impl Default for ModelOptions {
         ModelOptions {
             backend: Backend::Q24,
             max_context: 2048,
+            kv: KvFormat::Q16,
             cache_dir: None,
             progress: false,
             threads: cpus.min(2),
@@ -50,14 +55,18 @@ impl Default for ModelOptions {
 pub struct KernelMemory {
     /// Weights: resident tensors or staging windows, as the store keeps them.
     pub weights: usize,
-    /// The KV cache: layers × 2 × max_context × kv_dim × 4.
+    /// The KV cache reserved for `max_context` positions (arena address space): layers ×
+    /// max_context × the format's bytes per position and layer.
     pub kv_cache: usize,
+    /// The part of the KV cache committed (kernel memory in use): the positions reached so far,
+    /// rounded up to the commit step.
+    pub kv_committed: usize,
     /// Activations, RoPE/exp tables, attention scratch, logits.
     pub scratch: usize,
 }
 
 impl KernelMemory {
-    /// The whole arena.
+    /// The whole arena, as reserved.
     pub fn total(&self) -> usize {
         self.weights + self.kv_cache + self.scratch
     }
@@ -74,11 +83,13 @@ struct Buffers {
     logits: Region,       // i32 Q16 [vocab]
     probs: Region,        // u32 Q30 [n_q][max_ctx]: attention scratch
     acc: Region,          // i64 [n_q][head_dim]: attention scratch
+    wv: Region,           // u64 [n_pairs][max_ctx]: int8-KV attention scratch (else empty)
+    qq: Region,           // u64 [n_pairs][head_dim]: int8-KV attention scratch (else empty)
     exp2: Region,         // u32 Q30 [257]
     cos: Region,          // i32 Q30 [max_ctx][head_dim/2]
     sin: Region,          // i32 Q30 [max_ctx][head_dim/2]
-    k_cache: Vec<Region>, // per layer i32 Q16 [max_ctx][kv_dim]
-    v_cache: Vec<Region>,
+    kv: KvCache,          // per layer: Q16 K, V [max_ctx][kv_dim], or int8 codes and steps
+    ksh: Vec<Region>,     // per layer u8 [head_dim]: int8 KV key smoothing shifts (else empty)
 }
 
 /// Bytes of each forward-pass buffer for `cfg` and `max_ctx`: the one list that both sizes the
@@ -92,15 +103,25 @@ struct BufferSizes {
     logits: usize,
     probs: usize,
     acc: usize,
+    wv: usize,
+    qq: usize,
     exp2: usize,
-    rope: usize,     // each of cos and sin
-    kv_layer: usize, // each of a layer's K and V caches
-    layers: usize,
+    rope: usize, // each of cos and sin
+    kv: usize,   // the whole KV cache, page-rounded per array
+    ksh: usize,  // each layer's key smoothing shifts (int8 KV)
+    ksh_layers: usize,
 }
 
 impl BufferSizes {
-    fn new(cfg: &Config, max_ctx: usize) -> BufferSizes {
+    fn new(cfg: &Config, max_ctx: usize, kv: KvFormat) -> BufferSizes {
         let (hd, nq) = (cfg.head_dim(), cfg.num_attention_heads);
+        let (pairs, ksh_layers) = match kv {
+            KvFormat::Q16 => (0, 0),
+            KvFormat::Int8 => (
+                kv8_pairs(nq, cfg.num_key_value_heads),
+                cfg.num_hidden_layers,
+            ),
+        };
         BufferSizes {
             x: cfg.hidden_size * 8,
             xn: cfg.hidden_size * 4,
@@ -110,10 +131,13 @@ impl BufferSizes {
             logits: cfg.vocab_size * 4,
             probs: nq * max_ctx * 4,
             acc: nq * hd * 8,
+            wv: pairs * max_ctx * 8,
+            qq: pairs * hd * 8,
             exp2: 257 * 4,
             rope: max_ctx * hd / 2 * 4,
-            kv_layer: max_ctx * cfg.kv_dim() * 4,
-            layers: cfg.num_hidden_layers,
+            kv: KvCache::reserved_bytes(kv, cfg, max_ctx),
+            ksh: hd,
+            ksh_layers,
         }
     }
 
@@ -122,12 +146,14 @@ impl BufferSizes {
         let page = |b: usize| b.div_ceil(PAGE) * PAGE;
         let s = self;
         let scratch = [
-            s.x, s.xn, s.qkv, s.att, s.mlp, s.logits, s.probs, s.acc, s.exp2, s.rope, s.rope,
+            s.x, s.xn, s.qkv, s.att, s.mlp, s.logits, s.probs, s.acc, s.wv, s.qq, s.exp2, s.rope,
+            s.rope,
         ]
         .iter()
         .map(|&b| page(b))
-        .sum();
-        (scratch, 2 * s.layers * page(s.kv_layer))
+        .sum::<usize>()
+            + s.ksh_layers * page(s.ksh);
+        (scratch, s.kv)
     }
 }
 
@@ -190,6 +216,7 @@ pub struct Model {
     eps_q64: u64,
     scale_q22: i32,
     memory: KernelMemory,
+    identity: String,
 }
 
 impl std::fmt::Debug for Model {
@@ -219,7 +246,14 @@ impl Model {
         }
         // The KV cache alone must fit the arena; checking it first also keeps every size below
         // far from overflowing (max_context may be anything up to max_position_embeddings).
-        let kv_per_token = 2 * cfg.num_hidden_layers * cfg.kv_dim() * 4;
+        if opts.kv == KvFormat::Int8 && cfg.head_dim() > crate::kv8::HD_MAX {
+            return Err(Error::Invalid(format!(
+                "head_dim {} exceeds the int8 KV cache's limit of {} (use the q16 KV format)",
+                cfg.head_dim(),
+                crate::kv8::HD_MAX
+            )));
+        }
+        let kv_per_token = opts.kv.bytes_per_position(&cfg);
         if opts.max_context.saturating_mul(kv_per_token) > MAX_ARENA_BYTES {
             return Err(Error::Resources {
                 msg: format!(
@@ -229,7 +263,7 @@ impl Model {
                 ),
             });
         }
-        let (scratch, kv) = BufferSizes::new(&cfg, opts.max_context).arena_bytes();
+        let (scratch, kv) = BufferSizes::new(&cfg, opts.max_context, opts.kv).arena_bytes();
         // Only the resident Q24 store's weight bytes are known before conversion.
         let weights_estimate = if opts.backend == Backend::Q24 {
             cfg.num_parameters() * 4
@@ -244,6 +278,7 @@ impl Model {
             opts.max_context,
             mem_available(),
         )?;
+        let identity = ck.identity();
         let cache_dir = opts.cache_dir.clone().unwrap_or_else(|| dir.to_path_buf());
         let mut store = opts.backend.open(&ck, &cache_dir, opts.progress)?;
         drop(ck);
@@ -251,6 +286,7 @@ impl Model {
         let memory = KernelMemory {
             weights,
             kv_cache: kv,
+            kv_committed: 0,
             scratch,
         };
         // Again with the store's exact weight bytes (the estimate above covers only q24).
@@ -259,8 +295,19 @@ impl Model {
         let mut ops = Ops::load(memory.total())?;
         ops.set_threads(opts.threads);
         store.upload(&mut ops)?;
-        let b = Self::alloc_buffers(&mut ops, &cfg, opts.max_context)?;
+        let mut b = Self::alloc_buffers(&mut ops, &cfg, opts.max_context, opts.kv)?;
+        if opts.kv == KvFormat::Int8 {
+            for l in 0..cfg.num_hidden_layers {
+                let w = ops.arena.slice::<i32>(store.norm(Norm::K(l))).to_vec();
+                let r = ops.arena.alloc(cfg.head_dim(), "key smoothing shifts")?;
+                ops.arena
+                    .slice_mut::<u8>(r)
+                    .copy_from_slice(&crate::kv8::key_shifts(&w));
+                b.ksh.push(r);
+            }
+        }
         Ok(Model {
+            identity,
             eps_q64: fixed::eps_q64(cfg.rms_norm_eps),
             scale_q22: fixed::attn_scale_q22(cfg.head_dim()),
             cfg,
@@ -273,9 +320,14 @@ impl Model {
         })
     }
 
-    fn alloc_buffers(ops: &mut Ops, cfg: &Config, max_ctx: usize) -> Result<Buffers> {
+    fn alloc_buffers(
+        ops: &mut Ops,
+        cfg: &Config,
+        max_ctx: usize,
+        kv: KvFormat,
+    ) -> Result<Buffers> {
         let a = &mut ops.arena;
-        let z = BufferSizes::new(cfg, max_ctx);
+        let z = BufferSizes::new(cfg, max_ctx, kv);
         let b = Buffers {
             x: a.alloc(z.x, "x")?,
             xn: a.alloc(z.xn, "xn")?,
@@ -285,15 +337,13 @@ impl Model {
             logits: a.alloc(z.logits, "logits")?,
             probs: a.alloc(z.probs, "attention probabilities")?,
             acc: a.alloc(z.acc, "attention accumulators")?,
+            wv: a.alloc(z.wv, "attention value weights")?,
+            qq: a.alloc(z.qq, "attention packed queries")?,
             exp2: a.alloc(z.exp2, "exp2 table")?,
             cos: a.alloc(z.rope, "RoPE cos")?,
             sin: a.alloc(z.rope, "RoPE sin")?,
-            k_cache: (0..z.layers)
-                .map(|_| a.alloc(z.kv_layer, "K cache"))
-                .collect::<Result<_>>()?,
-            v_cache: (0..z.layers)
-                .map(|_| a.alloc(z.kv_layer, "V cache"))
-                .collect::<Result<_>>()?,
+            kv: KvCache::reserve(a, kv, cfg, max_ctx)?,
+            ksh: Vec::new(),
         };
         a.slice_mut::<u32>(b.exp2)
             .copy_from_slice(&fixed::exp2_table());
@@ -323,9 +373,67 @@ impl Model {
         self.ops.runs()
     }
 
-    /// Kernel memory by purpose.
+    /// Kernel memory by purpose: reserved, and for the KV cache also committed.
     pub fn kernel_memory(&self) -> KernelMemory {
-        self.memory
+        KernelMemory {
+            kv_committed: self.b.kv.committed_bytes(),
+            ..self.memory
+        }
+    }
+
+    /// The KV-cache format.
+    pub fn kv_format(&self) -> KvFormat {
+        self.b.kv.format
+    }
+
+    /// What a saved context of this model must match.
+    fn context_header(&self) -> ContextHeader {
+        ContextHeader {
+            identity: self.identity.clone(),
+            config: self.cfg.clone(),
+            store: self.store.name().into(),
+            kv: self.b.kv.format.name().into(),
+            position: self.pos,
+            payload_bytes: 0,
+            checksum: String::new(),
+        }
+    }
+
+    /// Writes the context (the KV cache of every position fed so far, and the position) to
+    /// `path`, checksummed, through a temporary file renamed into place. [`Model::load_context`]
+    /// in any process restores it into a model of the same checkpoint, weight store and KV
+    /// format, which then continues exactly as this one would.
+    pub fn save_context(&self, path: impl AsRef<Path>) -> Result<()> {
+        kv::save(
+            path.as_ref(),
+            &self.ops.arena,
+            &self.b.kv,
+            self.context_header(),
+        )
+    }
+
+    /// Replaces the context with the one saved at `path`. A file that is damaged, truncated, or
+    /// was saved by a model of another checkpoint, weight store or KV format is refused with
+    /// [`Error::Context`]; one longer than this model's `max_context` with
+    /// [`Error::ContextOverflow`]. The model is unchanged on error.
+    pub fn load_context(&mut self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        let (header, payload) = kv::read(path, &self.context_header())?;
+        if header.position > self.max_context {
+            return Err(Error::ContextOverflow {
+                pos: header.position,
+                max_context: self.max_context,
+            });
+        }
+        kv::load_into(
+            path,
+            &mut self.ops.arena,
+            &mut self.b.kv,
+            header.position,
+            &payload,
+        )?;
+        self.pos = header.position;
+        Ok(())
     }
 
     /// The weight store's name.
@@ -411,6 +519,7 @@ impl Model {
             c.q_dim(),
             c.kv_dim(),
         );
+        self.b.kv.ensure(&mut self.ops.arena, pos + 1);
         let (ops, store, b) = (&mut self.ops, &mut self.store, &self.b);
         let q = b.qkv.sub(0, qd * 4); // [n_q][hd]
         let k = b.qkv.sub(qd * 4, kvd * 4); // [n_kv][hd]
@@ -452,18 +561,42 @@ impl Model {
                 eps,
             )?;
             // 4. append k, v to the cache; causal GQA attention        att [q_dim]
-            let ab = AttentionBuffers {
-                q,
-                k,
-                v,
-                k_cache: b.k_cache[l],
-                v_cache: b.v_cache[l],
-                probs: b.probs,
-                acc: b.acc,
-                out: b.att,
-                exp2: b.exp2,
-            };
-            ops.attention(&ab, pos, shape, self.scale_q22)?;
+            let kv = &b.kv.layers[l];
+            match b.kv.format {
+                KvFormat::Q16 => {
+                    let ab = AttentionBuffers {
+                        q,
+                        k,
+                        v,
+                        k_cache: kv[0],
+                        v_cache: kv[1],
+                        probs: b.probs,
+                        acc: b.acc,
+                        out: b.att,
+                        exp2: b.exp2,
+                    };
+                    ops.attention(&ab, pos, shape, self.scale_q22)?;
+                }
+                KvFormat::Int8 => {
+                    let ab = AttentionI8Buffers {
+                        q,
+                        k,
+                        v,
+                        k_codes: kv[0],
+                        k_steps: kv[1],
+                        v_codes: kv[2],
+                        v_steps: kv[3],
+                        probs: b.probs,
+                        wv: b.wv,
+                        qq: b.qq,
+                        acc: b.acc,
+                        out: b.att,
+                        exp2: b.exp2,
+                        ksh: b.ksh[l],
+                    };
+                    ops.attention_i8(&ab, pos, shape, self.scale_q22)?;
+                }
+            }
             // 5. x += o_proj · att                                     x [hidden]
             store.matvec(ops, Linear::O(l), b.att, b.x, 0..h, true)?;
             // 6. xn = RMSNorm(x; post_attention_layernorm)             xn [hidden]

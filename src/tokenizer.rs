@@ -134,12 +134,22 @@ impl Tokenizer {
     pub fn stream(&self) -> TextStream<'_> {
         TextStream {
             tok: self,
-            ids: Vec::new(),
-            prefix: String::new(),
-            prefix_index: 0,
+            inner: self.inner.decode_stream(false),
+            held: Vec::new(),
+            context: Vec::new(),
         }
     }
 }
+
+/// The `tokenizers` crate's streaming decoder for a [`tokenizers::Tokenizer`].
+type DecodeStream<'a> = tokenizers::DecodeStream<
+    'a,
+    tokenizers::ModelWrapper,
+    tokenizers::NormalizerWrapper,
+    tokenizers::PreTokenizerWrapper,
+    tokenizers::PostProcessorWrapper,
+    tokenizers::DecoderWrapper,
+>;
 
 /// Incremental decoding for generation, from [`Tokenizer::stream`].
 ///
@@ -148,62 +158,71 @@ impl Tokenizer {
 /// [`finish`](TextStream::finish) flushes whatever is still held back. Concatenating every piece
 /// emitted equals [`Tokenizer::decode`] of all the ids pushed.
 ///
-/// Each step decodes only the tokens since the last emitted boundary plus the tokens of the
-/// previous piece (as context for decoders that depend on neighbours), so a step costs O(1) in
-/// the length of the stream.
-#[derive(Debug)]
+/// This is the `tokenizers` crate's own [`DecodeStream`](tokenizers::DecodeStream) (special tokens
+/// kept), which decodes only the last few tokens at each step, plus the flush it lacks and a check
+/// that every id is in the vocabulary.
 pub struct TextStream<'a> {
     tok: &'a Tokenizer,
-    /// Context tokens (`ids[..prefix_index]`, already emitted) followed by pending ones.
-    ids: Vec<u32>,
-    /// The decoding of `ids[..prefix_index]`.
-    prefix: String,
-    prefix_index: usize,
+    inner: DecodeStream<'a>,
+    /// Ids pushed since the last emitted piece: held back.
+    held: Vec<u32>,
+    /// The ids that completed the last emitted piece: the context [`TextStream::finish`] decodes
+    /// the held ids in.
+    context: Vec<u32>,
+}
+
+impl std::fmt::Debug for TextStream<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextStream")
+            .field("tokenizer", &self.tok.path)
+            .field("held", &self.held)
+            .field("context", &self.context)
+            .finish()
+    }
 }
 
 impl TextStream<'_> {
     /// Adds one token. Returns the text it completes, or `None` while a character is still
-    /// incomplete (or the token decodes to nothing).
+    /// incomplete (or the token decodes to nothing). An id with no token in the vocabulary is
+    /// [`Error::TokenOutOfRange`] and is not taken: the stream is unchanged.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         self.tok.check_ids(&[id])?;
-        self.ids.push(id);
-        let text = self.tok.decode(&self.ids)?;
-        if text.len() > self.prefix.len() && !text.ends_with(char::REPLACEMENT_CHARACTER) {
-            let piece = self.new_text(&text, id)?;
-            // The pending tokens become the context for the next step.
-            self.ids.drain(..self.prefix_index);
-            self.prefix = self.tok.decode(&self.ids)?;
-            self.prefix_index = self.ids.len();
-            Ok(Some(piece))
-        } else {
-            Ok(None)
+        match self.inner.step(id) {
+            Ok(Some(piece)) => {
+                self.context.clear();
+                self.context.append(&mut self.held);
+                self.context.push(id);
+                Ok(Some(piece))
+            }
+            Ok(None) => {
+                self.held.push(id);
+                Ok(None)
+            }
+            Err(e) => Err(self
+                .tok
+                .err(format_args!("streaming decode of token {id}: {e}"))),
         }
     }
 
     /// Ends the stream: returns the text of any tokens still held back (an incomplete character
     /// decodes to U+FFFD, exactly as [`Tokenizer::decode`] would), or `None` if there are none.
+    /// The stream then starts afresh.
     pub fn finish(&mut self) -> Result<Option<String>> {
-        if self.ids.len() == self.prefix_index {
+        if self.held.is_empty() {
             return Ok(None);
         }
-        let text = self.tok.decode(&self.ids)?;
-        let last = *self.ids.last().expect("pending ids are non-empty");
-        let piece = self.new_text(&text, last)?;
-        self.ids.clear();
-        self.prefix.clear();
-        self.prefix_index = 0;
+        let prefix = self.tok.decode(&self.context)?;
+        let all: Vec<u32> = self.context.iter().chain(&self.held).copied().collect();
+        let text = self.tok.decode(&all)?;
+        let piece = text.strip_prefix(prefix.as_str()).map(str::to_string).ok_or_else(|| {
+            self.tok.err(format_args!(
+                "streaming decode: tokens {:?} changed already-emitted text {prefix:?} into {text:?}",
+                self.held
+            ))
+        })?;
+        self.held.clear();
+        self.context.clear();
+        self.inner = self.tok.inner.decode_stream(false);
         Ok((!piece.is_empty()).then_some(piece))
-    }
-
-    /// `text` minus the already-emitted prefix.
-    fn new_text(&self, text: &str, id: u32) -> Result<String> {
-        text.strip_prefix(self.prefix.as_str())
-            .map(str::to_string)
-            .ok_or_else(|| {
-                self.tok.err(format_args!(
-                    "streaming decode: token {id} changed already-emitted text {:?} into {text:?}",
-                    self.prefix
-                ))
-            })
     }
 }

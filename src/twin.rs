@@ -5,6 +5,8 @@
 use std::path::Path;
 
 use crate::fixed::{self, AttnShape};
+use crate::kv::KvFormat;
+use crate::kv8;
 use crate::store::cache::CacheFile;
 use crate::store::q24;
 use crate::{Checkpoint, Config, Error, Result};
@@ -16,23 +18,45 @@ pub struct TwinModel {
     w: CacheFile,
     max_ctx: usize,
     pos: usize,
-    k_cache: Vec<Vec<i32>>, // per layer [max_ctx][kv_dim]
+    k_cache: Vec<Vec<i32>>, // Q16 KV: per layer [max_ctx][kv_dim]
     v_cache: Vec<Vec<i32>>,
+    kv8: Vec<kv8::Cache>, // int8 KV: per layer
     exp2: [u32; 257],
     cos: Vec<i32>, // [max_ctx][hd/2]
     sin: Vec<i32>,
 }
 
 impl TwinModel {
-    /// Opens `dir`'s Q24 cache (converting into `cache_dir` if needed).
+    /// Opens `dir`'s Q24 cache (converting into `cache_dir` if needed), with a Q16 KV cache.
     pub fn open(dir: &Path, cache_dir: &Path, max_ctx: usize) -> Result<TwinModel> {
+        Self::open_with_kv(dir, cache_dir, max_ctx, KvFormat::Q16)
+    }
+
+    /// As [`TwinModel::open`], with the KV cache in format `kv`.
+    pub fn open_with_kv(
+        dir: &Path,
+        cache_dir: &Path,
+        max_ctx: usize,
+        kv: KvFormat,
+    ) -> Result<TwinModel> {
         let ck = Checkpoint::open(dir)?;
         let w = q24::open_or_convert(&ck, cache_dir, false)?;
         let cfg = ck.config.clone();
         let (cos, sin) = fixed::rope_tables(cfg.rope_theta(), cfg.head_dim(), max_ctx);
+        let (q16_len, layers8) = match kv {
+            KvFormat::Q16 => (max_ctx * cfg.kv_dim(), 0),
+            KvFormat::Int8 => (0, cfg.num_hidden_layers),
+        };
+        let shape = AttnShape {
+            n_q: cfg.num_attention_heads,
+            n_kv: cfg.num_key_value_heads,
+            hd: cfg.head_dim(),
+            max_ctx,
+        };
         Ok(TwinModel {
-            k_cache: vec![vec![0; max_ctx * cfg.kv_dim()]; cfg.num_hidden_layers],
-            v_cache: vec![vec![0; max_ctx * cfg.kv_dim()]; cfg.num_hidden_layers],
+            k_cache: vec![vec![0; q16_len]; cfg.num_hidden_layers],
+            v_cache: vec![vec![0; q16_len]; cfg.num_hidden_layers],
+            kv8: vec![kv8::Cache::new(shape); layers8],
             cfg,
             w,
             max_ctx,
@@ -118,8 +142,13 @@ impl TwinModel {
                 eps,
             );
             // 4. attention
-            let (kc, vc) = (&mut self.k_cache[l], &mut self.v_cache[l]);
-            fixed::attention(q, k, v, kc, vc, pos, shape, scale, &self.exp2, &mut att);
+            if let Some(c8) = self.kv8.get_mut(l) {
+                let ksh = kv8::key_shifts(self.w.i32s(&format!("{p}.self_attn.k_norm.weight"))?);
+                kv8::attention(q, k, v, c8, &ksh, pos, shape, scale, &self.exp2, &mut att);
+            } else {
+                let (kc, vc) = (&mut self.k_cache[l], &mut self.v_cache[l]);
+                fixed::attention(q, k, v, kc, vc, pos, shape, scale, &self.exp2, &mut att);
+            }
             // 5. x += o_proj · att
             fixed::matvec_residual(
                 self.w.i32s(&format!("{p}.self_attn.o_proj.weight"))?,

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use clap::Parser;
 use qwen_bpf::tokenizer::Tokenizer;
-use qwen_bpf::{Backend, Error, Result};
+use qwen_bpf::{Backend, Error, KvFormat, Result};
 
 /// Every weight store the examples offer ([`Backend::ALL`]).
 pub const BACKENDS: &[Backend] = &Backend::ALL;
@@ -16,6 +16,14 @@ pub const BACKENDS: &[Backend] = &Backend::ALL;
 pub fn parse_backend(s: &str) -> Result<Backend, String> {
     Backend::from_name(s)
         .ok_or_else(|| format!("unknown backend {s:?}; known: {}", backend_names()))
+}
+
+/// The KV format called `s` on the command line ([`KvFormat::from_name`]).
+pub fn parse_kv(s: &str) -> Result<KvFormat, String> {
+    KvFormat::from_name(s).ok_or_else(|| {
+        let known: Vec<_> = KvFormat::ALL.iter().map(|f| f.name()).collect();
+        format!("unknown KV format {s:?}; known: {}", known.join(", "))
+    })
 }
 
 /// The names of [`BACKENDS`], comma-separated.

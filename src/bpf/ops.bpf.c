@@ -517,3 +517,6 @@ int attention(struct attention_args *a)
 
 /* ------------------------------------------------------------------ low-bit SWAR kernels */
 #include "swar.bpf.h"
+
+/* ------------------------------------------------------------------ int8 KV-cache attention */
+#include "kv8.bpf.h"

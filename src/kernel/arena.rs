@@ -92,6 +92,41 @@ impl Arena {
         }
     }
 
+    /// Reserves `len` bytes, page aligned, without touching them: no kernel memory is committed
+    /// until [`Arena::commit`] faults the pages in. BPF programs cannot fault arena pages in (a
+    /// BPF load from a page never committed reads 0 and a store to it is dropped), so every
+    /// page a program will use must be committed first.
+    pub fn reserve(&mut self, len: usize, what: &str) -> Result<Region> {
+        let off = self.next;
+        match off.checked_add(len).map(|e| e.div_ceil(PAGE) * PAGE) {
+            Some(end) if end <= self.len => {
+                self.next = end;
+                Ok(Region { off, len })
+            }
+            _ => Err(Error::Resources {
+                msg: format!(
+                    "arena of {} bytes has {} free; `{what}` needs {len}",
+                    self.len,
+                    self.len - self.next
+                ),
+            }),
+        }
+    }
+
+    /// Commits the pages of `r` that hold its bytes `from..to` (clamped to the region), by
+    /// faulting each in from user space with a write of zero. Only for pages never committed
+    /// before: the write would clear what a committed page holds.
+    pub fn commit(&mut self, r: Region, from: usize, to: usize) {
+        let to = to.min(r.len);
+        let first = (r.off + from).div_ceil(PAGE) * PAGE;
+        let mut page = first;
+        while page < r.off + to {
+            // SAFETY: page lies inside the region, which lies inside the mapping.
+            unsafe { std::ptr::write_volatile(self.base.add(page), 0u8) };
+            page += PAGE;
+        }
+    }
+
     /// The address BPF programs use for byte `off` of region `r`.
     pub fn addr(&self, r: Region) -> u64 {
         self.base as u64 + r.off as u64

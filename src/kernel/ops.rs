@@ -35,6 +35,7 @@ pub struct Ops {
     pub arena: Arena,
     runs: u64,
     threads: usize,
+    par_min_macs: usize,
 }
 
 /// Operators with at least this many multiply-adds are split across threads (see
@@ -100,6 +101,7 @@ impl Ops {
             arena,
             runs: 0,
             threads: 1,
+            par_min_macs: PAR_MIN_MACS,
         })
     }
 
@@ -118,10 +120,16 @@ impl Ops {
         self.threads = threads.clamp(1, 8);
     }
 
+    /// The multiply-adds from which an operator is split across threads (default
+    /// [`PAR_MIN_MACS`]; attention splits from a quarter of it). Tests set 0 to split everything.
+    pub fn set_par_min_macs(&mut self, macs: usize) {
+        self.par_min_macs = macs;
+    }
+
     /// Splits `rows` into up to `threads` contiguous parts (multiples of 8 rows) when the operator
     /// does at least [`PAR_MIN_MACS`] multiply-adds; otherwise one part.
     pub(crate) fn parts(&self, rows: Rows, macs: usize) -> Vec<Rows> {
-        let n = if macs >= PAR_MIN_MACS {
+        let n = if macs >= self.par_min_macs {
             self.threads
         } else {
             1
@@ -414,6 +422,91 @@ impl Ops {
             scale_q22,
         };
         self.run("attention", &mut a)
+    }
+}
+
+/// The arena regions one int8-KV attention run reads and writes (see `src/bpf/kv8.bpf.h`).
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionI8Buffers {
+    /// Queries `[n_q][hd]` (Q22).
+    pub q: Region,
+    /// This position's keys `[n_kv][hd]` (Q16).
+    pub k: Region,
+    /// This position's values `[n_kv][hd]` (Q16).
+    pub v: Region,
+    /// The layer's key codes `[max_ctx][n_kv][hd]` (i8).
+    pub k_codes: Region,
+    /// The layer's key steps `[max_ctx][n_kv]` (u32).
+    pub k_steps: Region,
+    /// The layer's value codes.
+    pub v_codes: Region,
+    /// The layer's value steps.
+    pub v_steps: Region,
+    /// Scratch `[n_q][max_ctx]` u32.
+    pub probs: Region,
+    /// Scratch `[n_pairs][max_ctx]` u64.
+    pub wv: Region,
+    /// Scratch `[n_pairs][hd]` u64.
+    pub qq: Region,
+    /// Scratch `[n_pairs][hd]` u64.
+    pub acc: Region,
+    /// Output `[n_q][hd]`.
+    pub out: Region,
+    /// The exp2 table.
+    pub exp2: Region,
+    /// The layer's key smoothing shifts `[hd]` (u8).
+    pub ksh: Region,
+}
+
+/// Query-head pairs of the int8-KV attention: `n_kv * ceil(group / 2)`.
+pub fn kv8_pairs(n_q: usize, n_kv: usize) -> usize {
+    n_kv * (n_q / n_kv).div_ceil(2)
+}
+
+impl Ops {
+    /// Causal GQA attention at `pos` over the int8 KV cache (see [`crate::kv8::attention`]): the
+    /// kv heads are split across threads once the step is large enough to gain from it.
+    pub fn attention_i8(
+        &mut self,
+        b: &AttentionI8Buffers,
+        pos: usize,
+        s: crate::fixed::AttnShape,
+        scale_q22: i32,
+    ) -> Result<()> {
+        let macs = 2 * (pos + 1) * s.n_q * s.hd;
+        let n = if macs >= self.par_min_macs / 4 {
+            self.threads.min(s.n_kv)
+        } else {
+            1
+        };
+        let a = |r: Region| self.addr_of(r);
+        let mut parts: Vec<attention_i8_args> = (0..n)
+            .map(|i| attention_i8_args {
+                q: a(b.q),
+                k: a(b.k),
+                v: a(b.v),
+                k_codes: a(b.k_codes),
+                k_steps: a(b.k_steps),
+                v_codes: a(b.v_codes),
+                v_steps: a(b.v_steps),
+                probs: a(b.probs),
+                wv: a(b.wv),
+                qq: a(b.qq),
+                acc: a(b.acc),
+                out: a(b.out),
+                exp2: a(b.exp2),
+                ksh: a(b.ksh),
+                pos: pos as u32,
+                max_ctx: s.max_ctx as u32,
+                n_q: s.n_q as u32,
+                n_kv: s.n_kv as u32,
+                hd: s.hd as u32,
+                kv0: (i * s.n_kv / n) as u32,
+                kv1: ((i + 1) * s.n_kv / n) as u32,
+                scale_q22,
+            })
+            .collect();
+        self.run_parts("attention_i8", &mut parts)
     }
 }
 

@@ -334,13 +334,13 @@ fn file_checksum(payload_sum: u64, header: &Header) -> u64 {
 }
 
 /// Streaming form of [`checksum`] (same result for the same bytes in any chunking).
-struct Checksum {
+pub(crate) struct Checksum {
     h: u64,
     pending: Vec<u8>,
 }
 
 impl Checksum {
-    fn new(total_len: usize) -> Checksum {
+    pub(crate) fn new(total_len: usize) -> Checksum {
         Checksum {
             h: 0x9E37_79B9_7F4A_7C15 ^ total_len as u64,
             pending: Vec::with_capacity(8),
@@ -350,7 +350,7 @@ impl Checksum {
         self.h = (self.h ^ w).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
         self.h ^= self.h >> 29;
     }
-    fn update(&mut self, mut bytes: &[u8]) {
+    pub(crate) fn update(&mut self, mut bytes: &[u8]) {
         while !self.pending.is_empty() && !bytes.is_empty() {
             self.pending.push(bytes[0]);
             bytes = &bytes[1..];
@@ -366,7 +366,7 @@ impl Checksum {
         }
         self.pending.extend_from_slice(words.remainder());
     }
-    fn finish(mut self) -> u64 {
+    pub(crate) fn finish(mut self) -> u64 {
         for b in std::mem::take(&mut self.pending) {
             self.h = (self.h ^ b as u64).wrapping_mul(0xFF51_AFD7_ED55_8CCD);
         }

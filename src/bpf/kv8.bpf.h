@@ -1,0 +1,339 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* Attention over an int8 KV cache. Included at the end of ops.bpf.c: shares its `arena` map and
+ * fixed.h's helpers. src/kv8.rs holds the format and a Rust twin computing the same integers.
+ *
+ * Format, per layer, position t and kv head j (hd codes and one step each for K and for V):
+ *   step  u32 Q23 = ceil(amax * 128 / 127), amax = max_d |x[d]| of the Q16 row (0 for a zero row)
+ *   code  s8 c[d] = round(|x[d]| * 128 / step) with x's sign, in -127..127, so that
+ *         x[d] ~= c[d] * step / 2^7 in Q16.
+ * Codes [max_ctx][n_kv][hd] and steps [max_ctx][n_kv] are separate arrays: 132 bytes per head
+ * and position at hd = 128, against 512 for Q16.
+ *
+ * Key smoothing: Qwen3's k_norm weights are 60-90 on a few channels and ~1 elsewhere, so one
+ * step per row would leave the ordinary channels one or two codes. Each layer has a shift per
+ * channel, sh[d] (from its k_norm weights, see src/kv8.rs): keys are quantised as
+ * round(k[d] / 2^sh[d]) and queries multiplied by 2^sh[d], which leaves q . k unchanged.
+ *
+ * SWAR: the query heads of a GQA group are taken two at a time ("a pair"); their values share
+ * one u64 word as two signed 32-bit lanes, w = lo + hi * 2^32 (mod 2^64). Multiplying a word by
+ * a scalar and summing is exact in the ring, and a lane pair (L0, L1) with |L0|, |L1| < 2^31 is
+ * read back as L0 = (s32)w, L1 = (w - L0) >> 32 (arithmetic). So one 64-bit multiply by a key
+ * or value code serves both heads of a pair, and every K/V code is loaded once per pair.
+ *
+ * 1. Queries: q'[d] = q[d] * 2^sh[d] (s64); per head, e = the least shift with
+ *    round(max|q'| / 2^e) <= 32767 (q is Q22), and qq = round(|q'| / 2^e) with q's sign; qq of
+ *    the pair packed per dimension: QQ[d].
+ *    |sum_d qq * c| <= 32767 * 127 * 512 < 2^31 for hd <= 512: the lanes never carry.
+ * 2. Scores (Q16): s = D * kstep * 2^e / 2^29 with D the lane of sum_d QQ[d] * c_t[d] (rounded
+ *    when e < 29), clamped to +-2^40, then, as in the Q16 path, sat32(rshr(s * scale, 22)).
+ * 3. Softmax: e_t = exp(s_t - max) in Q30 (as the Q16 path), p_t = (e_t * floor(2^62 / sum)) >>
+ *    32 <= 2^30 (Q30, sum_t p_t <= 2^30).
+ * 4. Values: V = max_t vstep_t of the kv head, r_t = (vstep_t * floor(2^55 / V)) >> 32 <= 2^23,
+ *    W_t = (p_t * r_t) >> 30: sum_t W_t <= 2^23, so a lane of sum_t W_t * c_t[d] stays below
+ *    127 * 2^23 < 2^31 at any context length. out[d] = sat32(rshr(lane * V, 30)) in Q16.
+ * No division inside the loops over positions. */
+#pragma once
+
+#define KV8_QMAX 32767  /* packed query codes */
+#define KV8_HD_MAX 512  /* head_dim bound of the lane algebra above */
+
+struct attention_i8_args {
+	u64 q;       /* s32 Q22 [n_q][hd]: after q_norm and RoPE */
+	u64 k;       /* s32 Q16 [n_kv][hd]: this position's key */
+	u64 v;       /* s32 Q16 [n_kv][hd]: this position's value */
+	u64 k_codes; /* s8 [max_ctx][n_kv][hd] of this layer */
+	u64 k_steps; /* u32 Q23 [max_ctx][n_kv] */
+	u64 v_codes;
+	u64 v_steps;
+	u64 probs;   /* u32 [n_q][max_ctx] scratch: scores, then exp */
+	u64 wv;      /* u64 [n_pairs][max_ctx] scratch: packed value weights W_t */
+	u64 qq;      /* u64 [n_pairs][hd] scratch: packed quantised queries */
+	u64 acc;     /* u64 [n_pairs][hd] scratch: packed value sums */
+	u64 out;     /* s32 Q16 [n_q][hd], out */
+	u64 exp2;    /* u32 Q30 [257] */
+	u64 ksh;     /* u8 [hd]: this layer's key smoothing shifts */
+	u32 pos, max_ctx, n_q, n_kv, hd;
+	u32 kv0, kv1; /* this run's kv heads: kv0..kv1 (their rows are appended, their groups attended) */
+	s32 scale_q22;
+};
+
+/* x[d] / 2^sh[d], rounded half up (sh[d] = 0: x[d]); sha == 0: no shifts. */
+static __always_inline s64 kv8_smooth(const s32 __arena *x, const u8 __arena *sh, u64 sha, u32 d)
+{
+	u64 k = sha ? sh[d] & 31 : 0;
+
+	return ((s64)x[d] + (s64)((1ULL << k) >> 1)) >> k;
+}
+
+/* One row of hd Q16 values, each divided by 2^sh[d] (sha != 0), into codes and a step (the
+ * format above). */
+__noinline int kv8_quant_row(u64 xa, u64 ca, u64 sa, u64 sha, u32 hd)
+{
+	const s32 __arena *x = ARENA_PTR(const s32, xa);
+	const u8 __arena *sh = ARENA_PTR(const u8, sha);
+	s8 __arena *c = ARENA_PTR(s8, ca);
+	u32 __arena *s = ARENA_PTR(u32, sa);
+	u64 amax = 0, step;
+
+	for (u32 d = 0; d < hd && d < KV8_HD_MAX; d++) {
+		s64 v = kv8_smooth(x, sh, sha, d);
+		u64 a = v < 0 ? -v : v;
+
+		amax = a > amax ? a : amax;
+	}
+	step = (amax * 128 + 126) / 127;
+	*s = (u32)step;
+	for (u32 d = 0; d < hd && d < KV8_HD_MAX; d++) {
+		s64 v = kv8_smooth(x, sh, sha, d);
+		u64 a = (u64)(v < 0 ? -v : v) * 128;
+		s64 r = step ? (s64)((2 * a + step) / (2 * step)) : 0;
+
+		c[d] = (s8)(v < 0 ? -r : r);
+	}
+	return 0;
+}
+
+/* The two lanes of a packed word (see above). */
+static __always_inline s64 lane0(u64 w)
+{
+	return (s64)(s32)w;
+}
+
+static __always_inline s64 lane1(u64 w)
+{
+	return (s64)(w - (u64)lane0(w)) >> 32;
+}
+
+/* The shift e of one head's hd Q22 values (as quantize_block, with qmax 32767). A global
+ * function, so that the caller's verifier state holds e as an unknown, not 32 constants. */
+__noinline u32 kv8_query_shift(u64 qa, u64 sha, u32 hd)
+{
+	const s32 __arena *q = ARENA_PTR(const s32, qa);
+	const u8 __arena *sh = ARENA_PTR(const u8, sha);
+	u64 m = 0;
+	u32 e = 0;
+
+	for (u32 d = 0; d < hd && d < KV8_HD_MAX; d++) {
+		s64 v = (s64)q[d] << (sh[d] & 31);
+		u64 a = v < 0 ? -v : v;
+
+		m = a > m ? a : m;
+	}
+	while (e < 63 && ((m + ((1ULL << e) >> 1)) >> e) > KV8_QMAX)
+		e++;
+	return e;
+}
+
+/* round(|v| / 2^e) with v's sign, branch-free (a branch per element would split the verifier's
+ * state at every dimension). */
+static __always_inline u64 kv8_qcode(s64 v, u64 e)
+{
+	s64 sgn = v >> 63;
+	u64 a, r;
+
+	OPAQUE(sgn);
+	a = (u64)((v ^ sgn) - sgn);
+	r = (a + ((1ULL << e) >> 1)) >> e;
+	return (u64)(((s64)r ^ sgn) - sgn);
+}
+
+/* QQ[d] for heads h0 and h0 + 1 (a zero lane 1 when only one); returns e0 | e1 << 8. */
+__noinline u32 kv8_pack_queries(u64 qa, u64 qqa, u64 sha, u32 hd, u32 two)
+{
+	const s32 __arena *q0 = ARENA_PTR(const s32, qa);
+	const s32 __arena *q1 = ARENA_PTR(const s32, qa + (u64)hd * 4);
+	const u8 __arena *sh = ARENA_PTR(const u8, sha);
+	u64 __arena *qq = ARENA_PTR(u64, qqa);
+	u64 e0 = kv8_query_shift(qa, sha, hd) & 63;
+	u64 e1 = two ? kv8_query_shift(qa + (u64)hd * 4, sha, hd) & 63 : 0;
+	u64 keep = two ? ~0ULL : 0;
+
+	for (u32 d = 0; d < hd && d < KV8_HD_MAX; d++) {
+		u64 k = sh[d] & 31;
+		u64 lo = kv8_qcode((s64)q0[d] << k, e0);
+		u64 hi = kv8_qcode(((s64)q1[d] << k) & (s64)keep, e1);
+
+		qq[d] = lo + (hi << 32);
+	}
+	return (u32)(e0 | e1 << 8);
+}
+
+/* sum_d QQ[d] * c[d] (mod 2^64): both heads' dot products with one key row. */
+__noinline u64 kv8_dot_pair(u64 qqa, u64 ca, u32 hd)
+{
+	const u64 __arena *qq = ARENA_PTR(const u64, qqa);
+	const s8 __arena *c = ARENA_PTR(const s8, ca);
+	u64 a = 0, b = 0;
+	u32 d = 0;
+
+	for (; d + 4 <= hd && d < KV8_HD_MAX; d += 4) {
+		a += qq[d] * (u64)(s64)c[d];
+		b += qq[d + 1] * (u64)(s64)c[d + 1];
+		a += qq[d + 2] * (u64)(s64)c[d + 2];
+		b += qq[d + 3] * (u64)(s64)c[d + 3];
+	}
+	for (; d < hd && d < KV8_HD_MAX; d++)
+		a += qq[d] * (u64)(s64)c[d];
+	return a + b;
+}
+
+/* acc[d] += w * c[d] (mod 2^64): one value row into both heads' sums. */
+__noinline int kv8_axpy_pair(u64 acca, u64 w, u64 ca, u32 hd)
+{
+	u64 __arena *acc = ARENA_PTR(u64, acca);
+	const s8 __arena *c = ARENA_PTR(const s8, ca);
+	u32 d = 0;
+
+	for (; d + 4 <= hd && d < KV8_HD_MAX; d += 4) {
+		acc[d] += w * (u64)(s64)c[d];
+		acc[d + 1] += w * (u64)(s64)c[d + 1];
+		acc[d + 2] += w * (u64)(s64)c[d + 2];
+		acc[d + 3] += w * (u64)(s64)c[d + 3];
+	}
+	for (; d < hd && d < KV8_HD_MAX; d++)
+		acc[d] += w * (u64)(s64)c[d];
+	return 0;
+}
+
+/* A Q16 score from a lane D of the packed dot product, the key step and the query shift e. */
+static __always_inline s64 kv8_score(s64 dot, u32 kstep, u32 e, s64 scale)
+{
+	s64 s = dot * (s64)kstep, lim;
+
+	if (e < 29) {
+		s = rshr(s, 29 - e);
+	} else {
+		lim = (1LL << 40) >> (e - 29);
+		s = s > lim ? lim : s < -lim ? -lim : s;
+		s <<= e - 29;
+	}
+	if (s > (1LL << 40))
+		s = 1LL << 40;
+	if (s < -(1LL << 40))
+		s = -(1LL << 40);
+	return sat32(rshr(s * scale, Q_SCALE));
+}
+
+/* exp(s_t - m) in place over one head's scores; returns their sum. */
+__noinline u64 kv8_softmax_exp(u64 pa, u64 tab_a, s64 m, u32 npos)
+{
+	u32 __arena *p = ARENA_PTR(u32, pa);
+	const u32 __arena *tab = ARENA_PTR(const u32, tab_a);
+	u64 sum = 0;
+
+	FOR(t, 0, npos) {
+		u64 d = (u64)(m - (s64)(s32)p[t]);
+
+		if (d > ACT_MAX)
+			d = ACT_MAX;
+		p[t] = (u32)exp_neg(d, tab);
+		sum += p[t];
+	}
+	return sum;
+}
+
+/* One pair of query heads (h0 and, when `two`, h0 + 1) of kv head j over positions 0..pos. */
+static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0, u32 two, u32 pair)
+{
+	u32 hd = a->hd, npos = a->pos + 1, n_kv = a->n_kv;
+	u64 kvd = (u64)n_kv * hd;
+	u64 kc = a->k_codes + (u64)j * hd, vc = a->v_codes + (u64)j * hd;
+	const u32 __arena *ks = ARENA_PTR(const u32, a->k_steps + (u64)j * 4);
+	const u32 __arena *vs = ARENA_PTR(const u32, a->v_steps + (u64)j * 4);
+	u64 qq = a->qq + (u64)pair * hd * 8, acc = a->acc + (u64)pair * hd * 8;
+	u64 pa0 = a->probs + (u64)h0 * a->max_ctx * 4, pa1 = pa0 + (u64)a->max_ctx * 4;
+	u32 __arena *p0 = ARENA_PTR(u32, pa0);
+	u32 __arena *p1 = ARENA_PTR(u32, pa1);
+	u64 __arena *wv = ARENA_PTR(u64, a->wv + (u64)pair * a->max_ctx * 8);
+	u64 __arena *accp = ARENA_PTR(u64, acc);
+	s32 __arena *out = ARENA_PTR(s32, a->out + (u64)h0 * hd * 4);
+	s64 scale = a->scale_q22, m0 = -ACT_MAX, m1 = -ACT_MAX;
+	u64 sum0, sum1 = 1ULL << Q_ONE, inv0, inv1, vmax = 0, invv;
+	u32 ee, e0, e1;
+
+	/* 1. packed queries */
+	ee = kv8_pack_queries(a->q + (u64)h0 * hd * 4, qq, a->ksh, hd, two);
+	e0 = ee & 0xff;
+	e1 = (ee >> 8) & 0xff;
+	if (e0 > 60 || e1 > 60)
+		return 1;
+	/* 2. scores of both heads, their maxima, and the largest value step */
+	FOR(t, 0, npos) {
+		u64 w = kv8_dot_pair(qq, kc + t * kvd, hd);
+		u32 kstep = ks[(u64)t * n_kv], vstep = vs[(u64)t * n_kv];
+		s64 s0 = kv8_score(lane0(w), kstep, e0, scale);
+
+		p0[t] = (u32)(s32)s0;
+		m0 = s0 > m0 ? s0 : m0;
+		if (two) {
+			s64 s1 = kv8_score(lane1(w), kstep, e1, scale);
+
+			p1[t] = (u32)(s32)s1;
+			m1 = s1 > m1 ? s1 : m1;
+		}
+		vmax = vstep > vmax ? vstep : vmax;
+	}
+	/* 3. exp(s - m) and the sums */
+	sum0 = kv8_softmax_exp(pa0, a->exp2, m0, npos);
+	if (two)
+		sum1 = kv8_softmax_exp(pa1, a->exp2, m1, npos);
+	if (sum0 == 0 || sum1 == 0)
+		return 1;
+	inv0 = (1ULL << 62) / sum0;
+	inv1 = (1ULL << 62) / sum1;
+	invv = vmax ? (1ULL << 55) / vmax : 0;
+	/* 4. packed value weights W_t of both heads */
+	FOR(t, 0, npos) {
+		u64 r = ((u64)vs[(u64)t * n_kv] * invv) >> 32;
+		u64 w0 = ((((u64)p0[t] * inv0) >> 32) * r) >> Q_ONE;
+		u64 w1 = two ? ((((u64)p1[t] * inv1) >> 32) * r) >> Q_ONE : 0;
+
+		wv[t] = w0 + (w1 << 32);
+	}
+	/* 5. sums of weighted value codes, then out = lane * V / 2^30 */
+	FOR(d, 0, hd)
+		accp[d] = 0;
+	FOR(t, 0, npos)
+		kv8_axpy_pair(acc, wv[t], vc + t * kvd, hd);
+	FOR(d, 0, hd) {
+		u64 w = accp[d];
+
+		out[d] = sat32(rshr(lane0(w) * (s64)vmax, 30));
+		if (two)
+			out[hd + d] = sat32(rshr(lane1(w) * (s64)vmax, 30));
+	}
+	return 0;
+}
+
+/* Causal GQA attention over the int8 cache at position pos, for kv heads kv0..kv1: quantise and
+ * append those heads' k and v rows, then attend their query heads, two at a time. */
+SEC("syscall")
+int attention_i8(struct attention_i8_args *a)
+{
+	u32 hd = a->hd, n_kv = a->n_kv, g, pairs;
+	u64 row = (u64)a->pos * n_kv;
+
+	USE_ARENA(arena);
+	if (a->pos >= a->max_ctx || n_kv == 0 || a->n_q % n_kv || hd == 0 || hd > KV8_HD_MAX ||
+	    a->kv0 >= a->kv1 || a->kv1 > n_kv)
+		return 1;
+	g = a->n_q / n_kv;
+	pairs = (g + 1) / 2;
+	FOR(j, a->kv0, a->kv1) {
+		u64 at = row + j;
+
+		kv8_quant_row(a->k + (u64)j * hd * 4, a->k_codes + at * hd, a->k_steps + at * 4,
+			      a->ksh, hd);
+		kv8_quant_row(a->v + (u64)j * hd * 4, a->v_codes + at * hd, a->v_steps + at * 4, 0,
+			      hd);
+	}
+	FOR(j, a->kv0, a->kv1) {
+		FOR(i, 0, pairs) {
+			u32 h0 = j * g + 2 * i;
+
+			if (kv8_attend_pair(a, j, h0, 2 * i + 1 < g, j * pairs + i))
+				return 1;
+		}
+	}
+	return 0;
+}

@@ -1,0 +1,330 @@
+//! The KV cache in the arena: its formats, memory committed only for positions reached, and saved
+//! contexts (the cache and position written to a file and read back).
+//!
+//! Each layer keeps a few arrays indexed by position first (`[max_ctx][...]`), so the bytes of
+//! positions `0..n` are a prefix of every array. The whole cache is reserved for `max_context`
+//! when a model opens, but kernel memory is committed (arena pages faulted in from user space) in
+//! steps of [`COMMIT_STEP`] positions ahead of use, because a BPF store to an arena page that was
+//! never committed is silently dropped.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::kernel::arena::{Arena, Region, PAGE};
+use crate::store::cache;
+use crate::{Config, Error, Result};
+
+/// How the KV cache stores keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum KvFormat {
+    /// i32 Q16, as the activations: exact, `4 * head_dim` bytes per head and position for each
+    /// of K and V. The reference format.
+    #[default]
+    Q16,
+    /// int8 codes with one u32 step per (position, kv head) ([`crate::kv8`]): `head_dim + 4`
+    /// bytes per head and position for each of K and V, attention with SWAR-packed products.
+    Int8,
+}
+
+impl KvFormat {
+    /// Every format, in the order reports list them.
+    pub const ALL: [KvFormat; 2] = [KvFormat::Q16, KvFormat::Int8];
+
+    /// The name on the command line (`q16`, `int8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvFormat::Q16 => "q16",
+            KvFormat::Int8 => "int8",
+        }
+    }
+
+    /// The format called `name` on the command line.
+    pub fn from_name(name: &str) -> Option<KvFormat> {
+        KvFormat::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// Bytes per position of each of a layer's arrays (Q16: K, V; Int8: K codes, K steps,
+    /// V codes, V steps).
+    pub(crate) fn row_bytes(self, cfg: &Config) -> Vec<usize> {
+        let (kvd, n_kv) = (cfg.kv_dim(), cfg.num_key_value_heads);
+        match self {
+            KvFormat::Q16 => vec![kvd * 4, kvd * 4],
+            KvFormat::Int8 => vec![kvd, n_kv * 4, kvd, n_kv * 4],
+        }
+    }
+
+    /// KV-cache bytes per position over all layers.
+    pub fn bytes_per_position(self, cfg: &Config) -> usize {
+        self.row_bytes(cfg).iter().sum::<usize>() * cfg.num_hidden_layers
+    }
+}
+
+/// Positions committed at a time, ahead of use.
+pub const COMMIT_STEP: usize = 256;
+
+/// The KV cache of a model: per layer, one arena region per array of its format.
+#[derive(Debug)]
+pub(crate) struct KvCache {
+    pub format: KvFormat,
+    /// `layers[l][i]`: array i of layer l, `max_ctx * row_bytes[i]` bytes.
+    pub layers: Vec<Vec<Region>>,
+    row_bytes: Vec<usize>,
+    max_ctx: usize,
+    /// Positions whose bytes are committed in every array.
+    committed: usize,
+}
+
+/// Page-rounded bytes of `n` rows of `row` bytes.
+fn pages(n: usize, row: usize) -> usize {
+    (n * row).div_ceil(PAGE) * PAGE
+}
+
+impl KvCache {
+    /// Arena bytes reserved for `max_ctx` positions (page-rounded per array).
+    pub fn reserved_bytes(format: KvFormat, cfg: &Config, max_ctx: usize) -> usize {
+        let per_layer: usize = format
+            .row_bytes(cfg)
+            .iter()
+            .map(|&r| pages(max_ctx, r))
+            .sum();
+        per_layer * cfg.num_hidden_layers
+    }
+
+    /// Reserves the arrays in `arena`, committing nothing.
+    pub fn reserve(
+        arena: &mut Arena,
+        format: KvFormat,
+        cfg: &Config,
+        max_ctx: usize,
+    ) -> Result<KvCache> {
+        let row_bytes = format.row_bytes(cfg);
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|_| {
+                row_bytes
+                    .iter()
+                    .map(|&r| arena.reserve(max_ctx * r, "KV cache"))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache {
+            format,
+            layers,
+            row_bytes,
+            max_ctx,
+            committed: 0,
+        })
+    }
+
+    /// Commits memory for positions `0..n` (and up to [`COMMIT_STEP`] beyond), if not yet done.
+    pub fn ensure(&mut self, arena: &mut Arena, n: usize) {
+        if n <= self.committed {
+            return;
+        }
+        let upto = n
+            .div_ceil(COMMIT_STEP)
+            .saturating_mul(COMMIT_STEP)
+            .min(self.max_ctx);
+        for arrays in &self.layers {
+            for (&r, &row) in arrays.iter().zip(&self.row_bytes) {
+                arena.commit(r, pages(self.committed, row), pages(upto, row));
+            }
+        }
+        self.committed = upto;
+    }
+
+    /// Kernel memory committed so far.
+    pub fn committed_bytes(&self) -> usize {
+        let per_layer: usize = self
+            .row_bytes
+            .iter()
+            .map(|&r| pages(self.committed, r).min(pages(self.max_ctx, r)))
+            .sum();
+        per_layer * self.layers.len()
+    }
+
+    /// The byte prefixes holding positions `0..n`, in file order (layer by layer, array by array).
+    fn prefixes(&self, n: usize) -> impl Iterator<Item = Region> + '_ {
+        self.layers.iter().flat_map(move |arrays| {
+            arrays
+                .iter()
+                .zip(&self.row_bytes)
+                .map(move |(&r, &row)| r.sub(0, n * row))
+        })
+    }
+}
+
+const MAGIC: &[u8; 8] = b"QBPFCTX\0";
+/// Saved-context file format version.
+pub const CONTEXT_VERSION: u32 = 1;
+
+/// What a saved context was made with: it loads only into a model that matches every field.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ContextHeader {
+    pub identity: String,
+    pub config: Config,
+    pub store: String,
+    pub kv: String,
+    pub position: usize,
+    pub payload_bytes: usize,
+    pub checksum: String,
+}
+
+/// The position (tokens) a saved context holds, read from its header alone: enough to size a
+/// model's `max_context` before [`crate::Model::load_context`] verifies the whole file.
+pub fn saved_position(path: &Path) -> Result<usize> {
+    let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut head = [0u8; 16];
+    f.read_exact(&mut head)
+        .map_err(|_| context_error(path, "truncated: no header"))?;
+    if &head[..8] != MAGIC {
+        return Err(context_error(path, "not a qwen_bpf saved context (bad magic)"));
+    }
+    let hlen = u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize;
+    if hlen > 1 << 24 {
+        return Err(context_error(path, format!("header of {hlen} bytes is implausible")));
+    }
+    let mut h = vec![0u8; hlen];
+    f.read_exact(&mut h)
+        .map_err(|_| context_error(path, "truncated header"))?;
+    let header: ContextHeader = serde_json::from_slice(&h)
+        .map_err(|e| context_error(path, format!("unreadable header: {e}")))?;
+    Ok(header.position)
+}
+
+fn context_error(path: &Path, msg: impl Into<String>) -> Error {
+    Error::Context {
+        path: path.into(),
+        msg: msg.into(),
+    }
+}
+
+fn header_checksum(h: &ContextHeader, payload: &[&[u8]]) -> Result<String> {
+    let mut zeroed = h.clone();
+    zeroed.checksum = format!("{:016x}", 0u64);
+    let hbytes = serde_json::to_vec(&zeroed).map_err(|e| Error::Invalid(e.to_string()))?;
+    let total = hbytes.len() + payload.iter().map(|p| p.len()).sum::<usize>();
+    let mut sum = cache::Checksum::new(total);
+    sum.update(&hbytes);
+    for p in payload {
+        sum.update(p);
+    }
+    Ok(format!("{:016x}", sum.finish()))
+}
+
+/// Writes positions `0..header.position` of `kv` to `path` (a temporary file renamed into place).
+pub(crate) fn save(
+    path: &Path,
+    arena: &Arena,
+    kv: &KvCache,
+    mut header: ContextHeader,
+) -> Result<()> {
+    let parts: Vec<&[u8]> = kv
+        .prefixes(header.position)
+        .map(|r| arena.slice::<u8>(r))
+        .collect();
+    header.payload_bytes = parts.iter().map(|p| p.len()).sum();
+    header.checksum = header_checksum(&header, &parts)?;
+    let hbytes = serde_json::to_vec(&header).map_err(|e| Error::Invalid(e.to_string()))?;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, e))?;
+    let w = tmp.as_file_mut();
+    let write = |w: &mut File, b: &[u8]| w.write_all(b).map_err(|e| Error::io(path, e));
+    write(w, MAGIC)?;
+    write(w, &CONTEXT_VERSION.to_le_bytes())?;
+    write(w, &(hbytes.len() as u32).to_le_bytes())?;
+    write(w, &hbytes)?;
+    for p in &parts {
+        write(w, p)?;
+    }
+    tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    Ok(())
+}
+
+/// Reads a saved context's header and payload, checking the magic, version, length and checksum,
+/// and that it was made with `want`'s identity, config, store and KV format. Returns the header
+/// and the payload, ready to copy with [`load_into`].
+pub(crate) fn read(path: &Path, want: &ContextHeader) -> Result<(ContextHeader, Vec<u8>)> {
+    let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut data = Vec::new();
+    f.read_to_end(&mut data).map_err(|e| Error::io(path, e))?;
+    if data.len() < 16 || &data[..8] != MAGIC {
+        return Err(context_error(path, "not a qwen_bpf saved context (bad magic)"));
+    }
+    let version = u32::from_le_bytes(data[8..12].try_into().unwrap());
+    if version != CONTEXT_VERSION {
+        return Err(context_error(
+            path,
+            format!("format version {version}, this build reads {CONTEXT_VERSION}"),
+        ));
+    }
+    let hlen = u32::from_le_bytes(data[12..16].try_into().unwrap()) as usize;
+    if 16 + hlen > data.len() {
+        return Err(context_error(path, "truncated header"));
+    }
+    let header: ContextHeader = serde_json::from_slice(&data[16..16 + hlen])
+        .map_err(|e| context_error(path, format!("unreadable header: {e}")))?;
+    let payload = data.split_off(16 + hlen);
+    if payload.len() != header.payload_bytes {
+        return Err(context_error(
+            path,
+            format!(
+                "truncated or padded: payload of {} bytes, header says {}",
+                payload.len(),
+                header.payload_bytes
+            ),
+        ));
+    }
+    if header_checksum(&header, &[&payload])? != header.checksum {
+        return Err(context_error(path, "checksum mismatch: the file is damaged"));
+    }
+    let mismatch = |what: &str, got: &str, wanted: &str| {
+        Err(context_error(
+            path,
+            format!("saved with {what} {got}, this model has {wanted}"),
+        ))
+    };
+    if header.config != want.config || header.identity != want.identity {
+        return mismatch("another checkpoint:", &header.identity, &want.identity);
+    }
+    if header.store != want.store {
+        return mismatch("weight store", &header.store, &want.store);
+    }
+    if header.kv != want.kv {
+        return mismatch("KV format", &header.kv, &want.kv);
+    }
+    Ok((header, payload))
+}
+
+/// Copies a verified payload of `position` positions into `kv`, committing their memory first.
+/// The caller has checked that `position` fits the cache.
+pub(crate) fn load_into(
+    path: &Path,
+    arena: &mut Arena,
+    kv: &mut KvCache,
+    position: usize,
+    payload: &[u8],
+) -> Result<()> {
+    let regions: Vec<Region> = kv.prefixes(position).collect();
+    if regions.iter().map(|r| r.len).sum::<usize>() != payload.len() {
+        return Err(context_error(
+            path,
+            "payload size does not match this model's KV layout",
+        ));
+    }
+    kv.ensure(arena, position);
+    let mut at = 0;
+    for r in regions {
+        arena
+            .slice_mut::<u8>(r)
+            .copy_from_slice(&payload[at..at + r.len]);
+        at += r.len;
+    }
+    Ok(())
+}
