@@ -2,8 +2,12 @@
 //!
 //! ```text
 //! cargo run --release --example compare -- --model DIR [--tokens 16] [--backends q24,...] \
-//!     [--continuation 32] [--max-context N] [--cache-dir DIR]
+//!     [--continuation 32] [--max-context N] [--cache-dir DIR] [--kv q16|int8] [--kv-baseline q16]
 //! ```
+//!
+//! `--kv` picks the stores' KV-cache format. With `--kv-baseline FORMAT`, each store is compared
+//! with the same store using that KV format instead of the f32 reference (e.g. `--kv int8
+//! --kv-baseline q16`: what the int8 KV cache alone changes).
 //!
 //! Every engine is fed the same fixed prompt of `--tokens` tokens (a fixed English text if the
 //! model directory has a tokenizer.json, else a fixed list of token ids) and its logits after
@@ -22,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use qwen_bpf::reference::{self, Reference};
-use qwen_bpf::{Backend, Checkpoint, Error, KernelMemory, Model, ModelOptions, Result};
+use qwen_bpf::{Backend, Checkpoint, Error, KernelMemory, KvFormat, Model, ModelOptions, Result};
 
 /// Compare every weight store with the f32 reference.
 #[derive(Debug, Parser)]
@@ -46,6 +50,12 @@ struct Args {
     /// Where weight stores keep their converted-weight cache (default: the model directory).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// The stores' KV-cache format.
+    #[arg(long, default_value = "q16", value_parser = common::parse_kv)]
+    kv: KvFormat,
+    /// Compare each store with itself using this KV format, instead of with the f32 reference.
+    #[arg(long, value_parser = common::parse_kv)]
+    kv_baseline: Option<KvFormat>,
 }
 
 fn main() -> ExitCode {
@@ -152,17 +162,18 @@ fn run(args: &Args) -> Result<()> {
         memory: None,
     };
 
-    let mut rows = Vec::new();
-    for &backend in &backends {
+    let run_store = |backend: Backend, kv: KvFormat| -> Result<Run> {
         eprintln!(
-            "{}: loading and running {n} + {} tokens",
+            "{} ({} KV): loading and running {n} + {} tokens",
             backend.name(),
+            kv.name(),
             args.continuation
         );
         let t = Instant::now();
         let opts = ModelOptions {
             backend,
             max_context,
+            kv,
             cache_dir: args.cache_dir.clone(),
             progress: true,
             ..Default::default()
@@ -170,14 +181,25 @@ fn run(args: &Args) -> Result<()> {
         let mut model = Model::open(&args.model, &opts)?;
         let load = t.elapsed();
         let (logits, continuation, ms_per_token) = drive(&mut model, &prompt, args.continuation)?;
-        let got = Run {
+        Ok(Run {
             logits,
             continuation,
             load,
             ms_per_token,
             memory: Some(model.kernel_memory()),
+        })
+    };
+    let mut rows = Vec::new();
+    for &backend in &backends {
+        let got = run_store(backend, args.kv)?;
+        let (name, base) = match args.kv_baseline {
+            Some(b) => (
+                format!("{} {} KV vs {} KV", backend.name(), args.kv.name(), b.name()),
+                Some(run_store(backend, b)?),
+            ),
+            None => (format!("{} ({} KV)", backend.name(), args.kv.name()), None),
         };
-        rows.push((backend.name(), got));
+        rows.push((name, got, base));
     }
 
     println!(
@@ -195,8 +217,8 @@ fn run(args: &Args) -> Result<()> {
         want.ms_per_token
     );
     let mut failed = Vec::new();
-    for (name, got) in &rows {
-        let s = stats(&want, got)?;
+    for (name, got, base) in &rows {
+        let s = stats(base.as_ref().unwrap_or(&want), got)?;
         let mem = got
             .memory
             .map_or_else(|| "—".into(), |m| common::mib(m.total()));
@@ -225,7 +247,8 @@ fn run(args: &Args) -> Result<()> {
     println!();
     println!(
         "Δlogit over all {n} positions × {vocab} logits; top-5 overlap = mean |top5(ref) ∩ top5(store)| / 5; \
-         KL in nats, mean over positions (f64, stable softmax); greedy agree = leading tokens equal to the reference's; \
+         KL in nats, mean over positions (f64, stable softmax); greedy agree = leading tokens equal to the reference's \
+         (with --kv-baseline: the same store's with the baseline KV format, which then stands for the reference in every column); \
          gate = positions where the reference's top-1/top-2 gap exceeds 2 × that position's max |Δlogit| (the argmax must agree there); \
          ms/token = greedy decode steps."
     );

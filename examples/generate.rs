@@ -4,7 +4,8 @@
 //! cargo run --release --example generate -- [--model DIR] [--prompt TEXT] [--max-tokens N] \
 //!     [--backend q24] [--chat] [--max-context N] [--tokenizer FILE] [--tokens ID,ID,...] \
 //!     [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] \
-//!     [--presence-penalty A] [--frequency-penalty F] [--seed N]
+//!     [--presence-penalty A] [--frequency-penalty F] [--seed N] [--kv q16|int8] \
+//!     [--save-context FILE] [--load-context FILE]
 //! ```
 //!
 //! Without `--model` it uses the default model (`qwen_bpf::default_model`): a synthetic checkpoint
@@ -28,7 +29,7 @@ use clap::Parser;
 use qwen_bpf::default_model;
 use qwen_bpf::tokenizer::{TextStream, Tokenizer};
 use qwen_bpf::{
-    Backend, Config, Error, FinishReason, GenerateOptions, Model, ModelOptions, Result,
+    Backend, Config, Error, FinishReason, GenerateOptions, KvFormat, Model, ModelOptions, Result,
     SamplingParams,
 };
 
@@ -69,6 +70,18 @@ struct Args {
     /// Where the converted-weight cache goes (default: the model directory).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// The KV-cache format: q16 (exact) or int8 (a quarter of the memory).
+    #[arg(long, default_value = "q16", value_parser = common::parse_kv)]
+    kv: KvFormat,
+    /// Continue a context saved by --save-context (same model, store and KV format): the prompt
+    /// follows it.
+    #[arg(long, value_name = "FILE")]
+    load_context: Option<PathBuf>,
+    /// Save the context when done: the prompt and every generated token but the last (never
+    /// fed). With --max-tokens 1 that is exactly the prompt, e.g. a long system prompt to load
+    /// again with --load-context.
+    #[arg(long, value_name = "FILE")]
+    save_context: Option<PathBuf>,
     /// Sampling temperature; 0 is greedy (the BPF argmax).
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
@@ -173,13 +186,17 @@ fn run(args: &Args) -> Result<()> {
         });
     }
     let max_tokens = args.max_tokens as usize;
+    let saved = match &args.load_context {
+        Some(path) => qwen_bpf::kv::saved_position(path)?,
+        None => 0,
+    };
     let max_context = match args.max_context {
         Some(m) => m,
-        None => (prompt.len() + max_tokens - 1).min(cfg.max_position_embeddings),
+        None => (saved + prompt.len() + max_tokens - 1).min(cfg.max_position_embeddings),
     };
-    if prompt.len() > max_context {
+    if saved + prompt.len() > max_context {
         return Err(Error::Invalid(format!(
-            "the prompt has {} tokens but the context holds {max_context} (--max-context)",
+            "the prompt has {} tokens after a saved context of {saved}, but the context holds {max_context} (--max-context)",
             prompt.len()
         )));
     }
@@ -198,11 +215,16 @@ fn run(args: &Args) -> Result<()> {
     let opts = ModelOptions {
         backend: args.backend,
         max_context,
+        kv: args.kv,
         cache_dir: args.cache_dir.clone(),
         progress: true,
         ..Default::default()
     };
     let mut model = Model::open(&dir, &opts)?;
+    if let Some(path) = &args.load_context {
+        model.load_context(path)?;
+        eprintln!("loaded a context of {saved} tokens from {}", path.display());
+    }
     let load = t.elapsed();
 
     let mut out = Output {
@@ -247,6 +269,15 @@ fn run(args: &Args) -> Result<()> {
         other => format!("{other:?}"),
     };
     out.finish()?;
+    drop(generation);
+    if let Some(path) = &args.save_context {
+        model.save_context(path)?;
+        eprintln!(
+            "saved the context ({} tokens) to {}",
+            model.position(),
+            path.display()
+        );
+    }
 
     let passes = prompt.len() + decode_passes;
     let runs = model.bpf_runs() - runs0;
@@ -285,10 +316,13 @@ fn run(args: &Args) -> Result<()> {
         dir.display()
     );
     eprintln!(
-        "kernel memory: {} (weights {}, KV cache {}, scratch {})",
+        "kernel memory: {} reserved (weights {}, KV cache {} reserved / {} committed ({} KV, {} bytes per position), scratch {})",
         common::mib(mem.total()),
         common::mib(mem.weights),
         common::mib(mem.kv_cache),
+        common::mib(mem.kv_committed),
+        model.kv_format().name(),
+        model.kv_format().bytes_per_position(model.config()),
         common::mib(mem.scratch)
     );
     Ok(())

@@ -146,6 +146,18 @@ impl KvCache {
         per_layer * self.layers.len()
     }
 
+    /// Fills positions `have..to` of every array with copies of positions `0..have` (committed).
+    pub fn repeat_rows(&self, arena: &mut Arena, have: usize, to: usize) {
+        for arrays in &self.layers {
+            for (&r, &row) in arrays.iter().zip(&self.row_bytes) {
+                let bytes = arena.slice_mut::<u8>(r.sub(0, to * row));
+                for p in have..to {
+                    bytes.copy_within((p % have) * row..(p % have + 1) * row, p * row);
+                }
+            }
+        }
+    }
+
     /// The byte prefixes holding positions `0..n`, in file order (layer by layer, array by array).
     fn prefixes(&self, n: usize) -> impl Iterator<Item = Region> + '_ {
         self.layers.iter().flat_map(move |arrays| {

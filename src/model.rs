@@ -446,6 +446,37 @@ impl Model {
         self.pos = 0;
     }
 
+    /// Keeps only the first `position` tokens of the context, so that generation can continue
+    /// from there (e.g. after a shared prompt). A position beyond the current one is
+    /// [`Error::ContextOverflow`].
+    pub fn rewind(&mut self, position: usize) -> Result<()> {
+        if position > self.pos {
+            return Err(Error::ContextOverflow {
+                pos: position,
+                max_context: self.pos,
+            });
+        }
+        self.pos = position;
+        Ok(())
+    }
+
+    /// For benchmarks at depth: extends the context to `position` tokens by repeating the KV
+    /// rows of the positions fed so far (at least one), as if that many tokens had been fed.
+    /// Attention then costs what it costs at that depth; the logits mean nothing.
+    #[doc(hidden)]
+    pub fn bench_fill_context(&mut self, position: usize) -> Result<()> {
+        if self.pos == 0 || position > self.max_context {
+            return Err(Error::Invalid(format!(
+                "bench_fill_context({position}) needs a fed token and position <= max_context {}",
+                self.max_context
+            )));
+        }
+        self.b.kv.ensure(&mut self.ops.arena, position);
+        self.b.kv.repeat_rows(&mut self.ops.arena, self.pos, position);
+        self.pos = position;
+        Ok(())
+    }
+
     /// Feeds `token` and returns the next-token logits (`vocab_size` f32, converted from Q16).
     pub fn forward(&mut self, token: u32) -> Result<Vec<f32>> {
         Ok(self

@@ -10,7 +10,7 @@ mod common;
 use std::process::Command;
 
 use qwen_bpf::reference::{self, Reference};
-use qwen_bpf::{Backend, Checkpoint, Model, ModelOptions};
+use qwen_bpf::{Backend, Checkpoint, KvFormat, Model, ModelOptions};
 
 /// The evaluation text (not from the training corpus): its first [`N`] bytes, byte = token id.
 const TEXT: &[u8] = b"The old lighthouse keeper climbed the spiral stairs every evening at dusk, \
@@ -90,6 +90,46 @@ fn low_bit_stores_stay_close_to_the_reference_on_a_trained_model() {
             kl <= max_kl && agree >= min_agree,
             "{}: mean KL {kl:.3e} (bar {max_kl:.0e}) and argmax {agree}/128 (bar {min_agree}) \
              against the f32 reference on a trained model",
+            backend.name()
+        );
+    }
+
+    // The int8 KV cache against the exact Q16 one, same store: teacher-forced over the 128
+    // bytes, then 64 bytes decoded greedily from the first 64. The format keeps ~0.4 % of each
+    // row's largest value per code. Measured: q24 KL 4.9e-5, 128/128, greedy 64/64; int4 KL
+    // 1.4e-4, 127/128, 64/64. Training varies a little from run to run (int4's own agreement
+    // with the reference was 123 and 124 in two runs), so the bars leave one argmax position and
+    // a late greedy divergence of room.
+    for backend in [Backend::Q24, Backend::Int4] {
+        let run = |kv: KvFormat| {
+            let opts = ModelOptions {
+                backend,
+                kv,
+                max_context: tokens.len(),
+                cache_dir: Some(dir.path().join("cache")),
+                ..Default::default()
+            };
+            let mut m = Model::open(&model, &opts).unwrap();
+            let logits: Vec<Vec<f32>> = tokens.iter().map(|&t| m.forward(t).unwrap()).collect();
+            m.reset();
+            let mut next = *m.prefill(&tokens[..64]).map(|l| reference::argmax(&l) as u32).as_ref().unwrap();
+            let mut greedy = vec![next];
+            while greedy.len() < 64 {
+                next = m.next_token(next).unwrap();
+                greedy.push(next);
+            }
+            (logits, greedy)
+        };
+        let ((q16, g16), (i8l, g8)) = (run(KvFormat::Q16), run(KvFormat::Int8));
+        let (kl, agree) = agreement(&q16, &i8l);
+        let same = g16.iter().zip(&g8).take_while(|(a, b)| a == b).count();
+        eprintln!(
+            "{} int8 KV vs q16 KV: mean KL {kl:.3e} nats, argmax {agree}/128, greedy {same}/64",
+            backend.name()
+        );
+        assert!(
+            agree >= 126 && same >= 48,
+            "{}: int8 KV keeps argmax {agree}/128 and greedy {same}/64 of q16 KV (bars 126, 48)",
             backend.name()
         );
     }

@@ -214,24 +214,6 @@ static __always_inline s64 kv8_score(s64 dot, u32 kstep, u32 e, s64 scale)
 	return sat32(rshr(s * scale, Q_SCALE));
 }
 
-/* exp(s_t - m) in place over one head's scores; returns their sum. */
-__noinline u64 kv8_softmax_exp(u64 pa, u64 tab_a, s64 m, u32 npos)
-{
-	u32 __arena *p = ARENA_PTR(u32, pa);
-	const u32 __arena *tab = ARENA_PTR(const u32, tab_a);
-	u64 sum = 0;
-
-	FOR(t, 0, npos) {
-		u64 d = (u64)(m - (s64)(s32)p[t]);
-
-		if (d > ACT_MAX)
-			d = ACT_MAX;
-		p[t] = (u32)exp_neg(d, tab);
-		sum += p[t];
-	}
-	return sum;
-}
-
 /* One pair of query heads (h0 and, when `two`, h0 + 1) of kv head j over positions 0..pos. */
 static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0, u32 two, u32 pair)
 {
@@ -274,9 +256,9 @@ static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0
 		vmax = vstep > vmax ? vstep : vmax;
 	}
 	/* 3. exp(s - m) and the sums */
-	sum0 = kv8_softmax_exp(pa0, a->exp2, m0, npos);
+	sum0 = softmax_exp(pa0, a->exp2, m0, npos);
 	if (two)
-		sum1 = kv8_softmax_exp(pa1, a->exp2, m1, npos);
+		sum1 = softmax_exp(pa1, a->exp2, m1, npos);
 	if (sum0 == 0 || sum1 == 0)
 		return 1;
 	inv0 = (1ULL << 62) / sum0;

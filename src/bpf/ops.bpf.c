@@ -443,6 +443,25 @@ __noinline int axpy_head(u64 acca, u64 va, s64 p, u32 hd)
 	return 0;
 }
 
+/* exp(s_t - m) in Q30, in place over one head's npos scores (s32 Q16, m their maximum);
+ * returns their sum. Shared by the Q16 and int8 KV attention. */
+__noinline u64 softmax_exp(u64 pa, u64 tab_a, s64 m, u32 npos)
+{
+	u32 __arena *p = ARENA_PTR(u32, pa);
+	const u32 __arena *tab = ARENA_PTR(const u32, tab_a);
+	u64 sum = 0;
+
+	FOR(t, 0, npos) {
+		u64 d = (u64)(m - (s64)(s32)p[t]);
+
+		if (d > ACT_MAX)
+			d = ACT_MAX;
+		p[t] = (u32)exp_neg(d, tab);
+		sum += p[t];
+	}
+	return sum;
+}
+
 /* One query head over positions 0..pos: scores, softmax, weighted sum of values. */
 static __noinline int attend_head(struct attention_args *a, u32 h)
 {
@@ -453,7 +472,6 @@ static __noinline int attend_head(struct attention_args *a, u32 h)
 	u64 kc = a->k_cache + (u64)kvh * hd * 4;
 	u64 vc = a->v_cache + (u64)kvh * hd * 4;
 	u64 acc = a->acc + (u64)h * hd * 8;
-	const u32 __arena *tab = ARENA_PTR(const u32, a->exp2);
 	u32 __arena *p = ARENA_PTR(u32, a->probs + (u64)h * a->max_ctx * 4);
 	s64 __arena *accp = ARENA_PTR(s64, acc);
 	s32 __arena *out = ARENA_PTR(s32, a->out + (u64)h * hd * 4);
@@ -474,14 +492,7 @@ static __noinline int attend_head(struct attention_args *a, u32 h)
 			m = s;
 	}
 	/* 2. unnormalised probabilities exp(s_t - m) in Q30 and their sum */
-	FOR(t, 0, npos) {
-		u64 d = (u64)(m - (s64)(s32)p[t]);
-
-		if (d > ACT_MAX)
-			d = ACT_MAX;
-		p[t] = (u32)exp_neg(d, tab);
-		sum += p[t];
-	}
+	sum = softmax_exp(a->probs + (u64)h * a->max_ctx * 4, a->exp2, m, npos);
 	/* 3. normalised probabilities (Q30) times values, accumulated per dimension */
 	FOR(d, 0, hd)
 		accp[d] = 0;

@@ -73,23 +73,10 @@ impl Arena {
     /// Reserves `len` bytes, page aligned, and zero-fills them (which also faults the pages in:
     /// BPF programs cannot fault arena pages in themselves). `what` names the buffer in errors.
     pub fn alloc(&mut self, len: usize, what: &str) -> Result<Region> {
-        let off = self.next;
-        let end = off.checked_add(len).map(|e| e.div_ceil(PAGE) * PAGE);
-        match end {
-            Some(end) if end <= self.len => {
-                self.next = end;
-                // SAFETY: in bounds of the mapping.
-                unsafe { std::ptr::write_bytes(self.base.add(off), 0, len) };
-                Ok(Region { off, len })
-            }
-            _ => Err(Error::Resources {
-                msg: format!(
-                    "arena of {} bytes has {} free; `{what}` needs {len}",
-                    self.len,
-                    self.len - self.next
-                ),
-            }),
-        }
+        let r = self.reserve(len, what)?;
+        // SAFETY: reserve checked that the region lies inside the mapping.
+        unsafe { std::ptr::write_bytes(self.base.add(r.off), 0, len) };
+        Ok(r)
     }
 
     /// Reserves `len` bytes, page aligned, without touching them: no kernel memory is committed
