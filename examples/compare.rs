@@ -194,7 +194,12 @@ fn run(args: &Args) -> Result<()> {
         let got = run_store(backend, args.kv)?;
         let (name, base) = match args.kv_baseline {
             Some(b) => (
-                format!("{} {} KV vs {} KV", backend.name(), args.kv.name(), b.name()),
+                format!(
+                    "{} {} KV vs {} KV",
+                    backend.name(),
+                    args.kv.name(),
+                    b.name()
+                ),
                 Some(run_store(backend, b)?),
             ),
             None => (format!("{} ({} KV)", backend.name(), args.kv.name()), None),

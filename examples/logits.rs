@@ -101,9 +101,7 @@ impl Backend for qwen_bpf::reference::Reference {
         qwen_bpf::reference::Reference::forward(self, token)
     }
     fn save_context(&self, _: &Path) -> Result<()> {
-        Err(Error::Invalid(
-            "--save-context needs a BPF backend".into(),
-        ))
+        Err(Error::Invalid("--save-context needs a BPF backend".into()))
     }
 }
 

@@ -193,11 +193,17 @@ pub fn saved_position(path: &Path) -> Result<usize> {
     f.read_exact(&mut head)
         .map_err(|_| context_error(path, "truncated: no header"))?;
     if &head[..8] != MAGIC {
-        return Err(context_error(path, "not a qwen_bpf saved context (bad magic)"));
+        return Err(context_error(
+            path,
+            "not a qwen_bpf saved context (bad magic)",
+        ));
     }
     let hlen = u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize;
     if hlen > 1 << 24 {
-        return Err(context_error(path, format!("header of {hlen} bytes is implausible")));
+        return Err(context_error(
+            path,
+            format!("header of {hlen} bytes is implausible"),
+        ));
     }
     let mut h = vec![0u8; hlen];
     f.read_exact(&mut h)
@@ -267,7 +273,10 @@ pub(crate) fn read(path: &Path, want: &ContextHeader) -> Result<(ContextHeader, 
     let mut data = Vec::new();
     f.read_to_end(&mut data).map_err(|e| Error::io(path, e))?;
     if data.len() < 16 || &data[..8] != MAGIC {
-        return Err(context_error(path, "not a qwen_bpf saved context (bad magic)"));
+        return Err(context_error(
+            path,
+            "not a qwen_bpf saved context (bad magic)",
+        ));
     }
     let version = u32::from_le_bytes(data[8..12].try_into().unwrap());
     if version != CONTEXT_VERSION {
@@ -294,7 +303,10 @@ pub(crate) fn read(path: &Path, want: &ContextHeader) -> Result<(ContextHeader, 
         ));
     }
     if header_checksum(&header, &[&payload])? != header.checksum {
-        return Err(context_error(path, "checksum mismatch: the file is damaged"));
+        return Err(context_error(
+            path,
+            "checksum mismatch: the file is damaged",
+        ));
     }
     let mismatch = |what: &str, got: &str, wanted: &str| {
         Err(context_error(

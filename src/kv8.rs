@@ -49,7 +49,11 @@ pub fn key_shifts(k_norm_q20: &[i32]) -> Vec<u8> {
     let base = ms.get(ms.len() / 2).copied().unwrap_or(0).max(1);
     (0..hd)
         .map(|d| {
-            let m = pair(if d >= half && d < 2 * half { d - half } else { d });
+            let m = pair(if d >= half && d < 2 * half {
+                d - half
+            } else {
+                d
+            });
             let mut sh = 0u32;
             while sh < SHIFT_MAX && base << (sh + 1) <= m {
                 sh += 1;
@@ -96,7 +100,10 @@ fn lane1(w: u64) -> i64 {
 
 /// `q[d] * 2^sh[d]`.
 fn smoothed_query(q: &[i32], sh: &[u8]) -> Vec<i64> {
-    q.iter().zip(sh).map(|(&v, &s)| (v as i64) << (s & 31)).collect()
+    q.iter()
+        .zip(sh)
+        .map(|(&v, &s)| (v as i64) << (s & 31))
+        .collect()
 }
 
 /// The least shift e with `round(max|q| / 2^e) <= QMAX`.
@@ -200,11 +207,7 @@ pub fn attention(
             let qq: Vec<u64> = (0..hd)
                 .map(|d| {
                     let lo = qcode(qs[0][d], e[0]) as u64;
-                    let hi = if two {
-                        qcode(qs[1][d], e[1]) as u64
-                    } else {
-                        0
-                    };
+                    let hi = if two { qcode(qs[1][d], e[1]) as u64 } else { 0 };
                     lo.wrapping_add(hi << 32)
                 })
                 .collect();
@@ -214,10 +217,9 @@ pub fn attention(
             let mut vmax = 0u64;
             for t in 0..npos {
                 let row = &c.k_codes[(t * n_kv + j) * hd..(t * n_kv + j + 1) * hd];
-                let w = qq
-                    .iter()
-                    .zip(row)
-                    .fold(0u64, |a, (&x, &y)| a.wrapping_add(x.wrapping_mul(y as i64 as u64)));
+                let w = qq.iter().zip(row).fold(0u64, |a, (&x, &y)| {
+                    a.wrapping_add(x.wrapping_mul(y as i64 as u64))
+                });
                 let kstep = c.k_steps[t * n_kv + j];
                 for (i, lane) in [lane0(w), lane1(w)].into_iter().take(heads).enumerate() {
                     p[i][t] = score(lane, kstep, e[i], scale);
@@ -266,7 +268,12 @@ mod tests {
 
     #[test]
     fn lanes_read_back_signed_values() {
-        for (lo, hi) in [(5i64, -7i64), (-(1 << 31) + 1, (1 << 31) - 1), (-1, -1), (0, 3)] {
+        for (lo, hi) in [
+            (5i64, -7i64),
+            (-(1 << 31) + 1, (1 << 31) - 1),
+            (-1, -1),
+            (0, 3),
+        ] {
             let w = (lo as u64).wrapping_add((hi as u64) << 32);
             assert_eq!((lane0(w), lane1(w)), (lo, hi), "lanes of {lo}, {hi}");
         }
@@ -281,9 +288,16 @@ mod tests {
         for (&v, &q) in x.iter().zip(&c) {
             assert!((-127..=127).contains(&q));
             let back = q as f64 * step as f64 / 128.0;
-            assert!((back - v as f64).abs() <= amax / 127.0, "{v} -> {q} -> {back}");
+            assert!(
+                (back - v as f64).abs() <= amax / 127.0,
+                "{v} -> {q} -> {back}"
+            );
         }
-        assert_eq!(quant_row(&[0; 8], None, &mut [0; 8]), 0, "a zero row has step 0");
+        assert_eq!(
+            quant_row(&[0; 8], None, &mut [0; 8]),
+            0,
+            "a zero row has step 0"
+        );
     }
 
     #[test]
@@ -296,7 +310,13 @@ mod tests {
         assert_eq!(sh[3], 6, "75 ~ 2^6.2");
         assert_eq!(sh[11], 6, "RoPE partner of 3");
         assert_eq!((sh[6], sh[14]), (1, 1), "|-3| ~ 2^1.6");
-        assert!(sh.iter().enumerate().all(|(d, &s)| s == 0 || [3, 11, 6, 14].contains(&d)));
-        assert!(key_shifts(&[0; 8]).iter().all(|&s| s == 0), "zero weights: no shifts");
+        assert!(sh
+            .iter()
+            .enumerate()
+            .all(|(d, &s)| s == 0 || [3, 11, 6, 14].contains(&d)));
+        assert!(
+            key_shifts(&[0; 8]).iter().all(|&s| s == 0),
+            "zero weights: no shifts"
+        );
     }
 }

@@ -75,21 +75,21 @@ impl KernelMemory {
 /// Arena buffers of the forward pass.
 #[derive(Debug)]
 struct Buffers {
-    x: Region,            // i64 Q32 [hidden]: the residual stream
-    xn: Region,           // i32 Q16 [hidden]: RMSNorm output
-    qkv: Region,          // i32 Q16 [q_dim + 2 kv_dim]: q, k, v of this position
-    att: Region,          // i32 Q16 [q_dim]: attention output
-    mlp: Region,          // i32 Q16 [intermediate]: silu(gate) * up
-    logits: Region,       // i32 Q16 [vocab]
-    probs: Region,        // u32 Q30 [n_q][max_ctx]: attention scratch
-    acc: Region,          // i64 [n_q][head_dim]: attention scratch
-    wv: Region,           // u64 [n_pairs][max_ctx]: int8-KV attention scratch (else empty)
-    qq: Region,           // u64 [n_pairs][head_dim]: int8-KV attention scratch (else empty)
-    exp2: Region,         // u32 Q30 [257]
-    cos: Region,          // i32 Q30 [max_ctx][head_dim/2]
-    sin: Region,          // i32 Q30 [max_ctx][head_dim/2]
-    kv: KvCache,          // per layer: Q16 K, V [max_ctx][kv_dim], or int8 codes and steps
-    ksh: Vec<Region>,     // per layer u8 [head_dim]: int8 KV key smoothing shifts (else empty)
+    x: Region,        // i64 Q32 [hidden]: the residual stream
+    xn: Region,       // i32 Q16 [hidden]: RMSNorm output
+    qkv: Region,      // i32 Q16 [q_dim + 2 kv_dim]: q, k, v of this position
+    att: Region,      // i32 Q16 [q_dim]: attention output
+    mlp: Region,      // i32 Q16 [intermediate]: silu(gate) * up
+    logits: Region,   // i32 Q16 [vocab]
+    probs: Region,    // u32 Q30 [n_q][max_ctx]: attention scratch
+    acc: Region,      // i64 [n_q][head_dim]: attention scratch
+    wv: Region,       // u64 [n_pairs][max_ctx]: int8-KV attention scratch (else empty)
+    qq: Region,       // u64 [n_pairs][head_dim]: int8-KV attention scratch (else empty)
+    exp2: Region,     // u32 Q30 [257]
+    cos: Region,      // i32 Q30 [max_ctx][head_dim/2]
+    sin: Region,      // i32 Q30 [max_ctx][head_dim/2]
+    kv: KvCache,      // per layer: Q16 K, V [max_ctx][kv_dim], or int8 codes and steps
+    ksh: Vec<Region>, // per layer u8 [head_dim]: int8 KV key smoothing shifts (else empty)
 }
 
 /// Bytes of each forward-pass buffer for `cfg` and `max_ctx`: the one list that both sizes the
@@ -320,12 +320,7 @@ impl Model {
         })
     }
 
-    fn alloc_buffers(
-        ops: &mut Ops,
-        cfg: &Config,
-        max_ctx: usize,
-        kv: KvFormat,
-    ) -> Result<Buffers> {
+    fn alloc_buffers(ops: &mut Ops, cfg: &Config, max_ctx: usize, kv: KvFormat) -> Result<Buffers> {
         let a = &mut ops.arena;
         let z = BufferSizes::new(cfg, max_ctx, kv);
         let b = Buffers {
@@ -472,7 +467,9 @@ impl Model {
             )));
         }
         self.b.kv.ensure(&mut self.ops.arena, position);
-        self.b.kv.repeat_rows(&mut self.ops.arena, self.pos, position);
+        self.b
+            .kv
+            .repeat_rows(&mut self.ops.arena, self.pos, position);
         self.pos = position;
         Ok(())
     }

@@ -88,10 +88,26 @@ fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool) {
         o.attention_i8(&b, pos, s, scale).unwrap();
         kv8::attention(&q, &k, &v, &mut cache, &ksh, pos, s, scale, &tab, &mut out);
         if pos % 40 == 0 || pos == s.max_ctx - 1 {
-            assert_eq!(o.arena.slice::<i8>(b.k_codes), &cache.k_codes[..], "{s:?}: key codes at pos {pos}");
-            assert_eq!(o.arena.slice::<u32>(b.k_steps), &cache.k_steps[..], "{s:?}: key steps at pos {pos}");
-            assert_eq!(o.arena.slice::<i8>(b.v_codes), &cache.v_codes[..], "{s:?}: value codes at pos {pos}");
-            assert_eq!(o.arena.slice::<u32>(b.v_steps), &cache.v_steps[..], "{s:?}: value steps at pos {pos}");
+            assert_eq!(
+                o.arena.slice::<i8>(b.k_codes),
+                &cache.k_codes[..],
+                "{s:?}: key codes at pos {pos}"
+            );
+            assert_eq!(
+                o.arena.slice::<u32>(b.k_steps),
+                &cache.k_steps[..],
+                "{s:?}: key steps at pos {pos}"
+            );
+            assert_eq!(
+                o.arena.slice::<i8>(b.v_codes),
+                &cache.v_codes[..],
+                "{s:?}: value codes at pos {pos}"
+            );
+            assert_eq!(
+                o.arena.slice::<u32>(b.v_steps),
+                &cache.v_steps[..],
+                "{s:?}: value steps at pos {pos}"
+            );
         }
         assert_eq!(
             o.arena.slice::<i32>(b.out),
@@ -107,25 +123,65 @@ fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool) {
 
 #[test]
 fn int8_attention_matches_twin_qwen3_shape() {
-    let s = AttnShape { n_q: 16, n_kv: 8, hd: 128, max_ctx: 200 };
+    let s = AttnShape {
+        n_q: 16,
+        n_kv: 8,
+        hd: 128,
+        max_ctx: 200,
+    };
     check(s, 1, 11, true);
 }
 
 #[test]
 fn int8_attention_matches_twin_on_two_threads_and_odd_groups() {
     // group of three (a pair and a single head), head_dim not a multiple of four
-    check(AttnShape { n_q: 6, n_kv: 2, hd: 66, max_ctx: 120 }, 2, 12, true);
+    check(
+        AttnShape {
+            n_q: 6,
+            n_kv: 2,
+            hd: 66,
+            max_ctx: 120,
+        },
+        2,
+        12,
+        true,
+    );
     // no GQA (single heads only), wide heads
-    check(AttnShape { n_q: 2, n_kv: 2, hd: 256, max_ctx: 90 }, 2, 13, false);
+    check(
+        AttnShape {
+            n_q: 2,
+            n_kv: 2,
+            hd: 256,
+            max_ctx: 90,
+        },
+        2,
+        13,
+        false,
+    );
     // one kv head for four query heads, hd at the lane algebra's limit
-    check(AttnShape { n_q: 4, n_kv: 1, hd: 512, max_ctx: 40 }, 2, 14, true);
+    check(
+        AttnShape {
+            n_q: 4,
+            n_kv: 1,
+            hd: 512,
+            max_ctx: 40,
+        },
+        2,
+        14,
+        true,
+    );
 }
 
 #[test]
 fn int8_attention_is_close_to_exact_attention() {
     // the int8 cache's error against the Q16 path, on ordinary values: a few Q16 units per
     // output of magnitude ~2^16, i.e. well below 1 % (one int8 step is 1/127 of a row's max)
-    let s = AttnShape { n_q: 4, n_kv: 2, hd: 64, max_ctx: 64 };
+    let s = AttnShape {
+        n_q: 4,
+        n_kv: 2,
+        hd: 64,
+        max_ctx: 64,
+    };
     let mut rng = Rng(15);
     let tab = fixed::exp2_table();
     let scale = fixed::attn_scale_q22(s.hd);
@@ -138,23 +194,47 @@ fn int8_attention_is_close_to_exact_attention() {
         let q = rng.vec(s.n_q * s.hd, 1 << 22);
         let k = rng.vec(kvd, 1 << 16);
         let v = rng.vec(kvd, 1 << 16);
-        fixed::attention(&q, &k, &v, &mut kc, &mut vc, pos, s, scale, &tab, &mut exact);
-        kv8::attention(&q, &k, &v, &mut cache, &vec![0; s.hd], pos, s, scale, &tab, &mut approx);
+        fixed::attention(
+            &q, &k, &v, &mut kc, &mut vc, pos, s, scale, &tab, &mut exact,
+        );
+        kv8::attention(
+            &q,
+            &k,
+            &v,
+            &mut cache,
+            &vec![0; s.hd],
+            pos,
+            s,
+            scale,
+            &tab,
+            &mut approx,
+        );
         for (e, a) in exact.iter().zip(&approx) {
             worst = worst.max((*e as i64 - *a as i64).abs());
             vmax_seen = vmax_seen.max((*e as i64).abs());
         }
     }
-    assert!(vmax_seen > 1 << 12, "the test's outputs are not trivially small ({vmax_seen})");
+    assert!(
+        vmax_seen > 1 << 12,
+        "the test's outputs are not trivially small ({vmax_seen})"
+    );
     // one value step is 2^16 / 127 ~ 516 units; attention averages, so the error stays below it
-    assert!(worst < 1 << 10, "int8 attention differs from exact by up to {worst} Q16 units");
+    assert!(
+        worst < 1 << 10,
+        "int8 attention differs from exact by up to {worst} Q16 units"
+    );
 }
 
 #[test]
 fn a_bpf_store_to_an_uncommitted_page_is_dropped_and_commit_makes_it_land() {
     let mut o = ops();
     let tab = fixed::exp2_table();
-    let s = AttnShape { n_q: 2, n_kv: 1, hd: 64, max_ctx: 8 };
+    let s = AttnShape {
+        n_q: 2,
+        n_kv: 1,
+        hd: 64,
+        max_ctx: 8,
+    };
     let scale = fixed::attn_scale_q22(s.hd);
     let pairs = kv8_pairs(s.n_q, s.n_kv);
     let a = &mut o.arena;
@@ -187,7 +267,9 @@ fn a_bpf_store_to_an_uncommitted_page_is_dropped_and_commit_makes_it_land() {
     o.arena.commit(b.k_codes, 0, b.k_codes.len);
     o.attention_i8(&b, 0, s, scale).unwrap();
     assert!(
-        o.arena.slice::<i8>(b.k_codes)[..s.hd].iter().all(|&c| c == 127),
+        o.arena.slice::<i8>(b.k_codes)[..s.hd]
+            .iter()
+            .all(|&c| c == 127),
         "after commit the kernel's key codes land"
     );
 }

@@ -45,7 +45,10 @@ fn int8_kv_forward_equals_twin_across_commit_steps() {
     for (i, t) in tokens(n).into_iter().enumerate() {
         let got = m.forward_fixed(t).unwrap();
         let (want, _) = twin.forward(t).unwrap();
-        assert_eq!(got, want, "int8-KV logits at position {i}: BPF vs Rust twin");
+        assert_eq!(
+            got, want,
+            "int8-KV logits at position {i}: BPF vs Rust twin"
+        );
     }
 }
 
@@ -71,8 +74,14 @@ fn int8_kv_stays_close_to_q16_kv_and_the_reference() {
     // on this random-weight model it moves the next-token distribution by a KL of ~1e-4 at most
     eprintln!("int8 vs q16 KV: worst KL {kl_kv:.2e}, vs reference {kl_ref:.2e}, argmax {same}/{n}");
     assert!(kl_kv < 1e-2, "int8 KV vs q16 KV: worst KL {kl_kv}");
-    assert!(kl_ref < 1e-2, "int8 KV vs the f32 reference: worst KL {kl_ref}");
-    assert!(same >= n * 9 / 10, "int8 KV keeps the argmax of q16 KV: {same}/{n}");
+    assert!(
+        kl_ref < 1e-2,
+        "int8 KV vs the f32 reference: worst KL {kl_ref}"
+    );
+    assert!(
+        same >= n * 9 / 10,
+        "int8 KV keeps the argmax of q16 KV: {same}/{n}"
+    );
 }
 
 #[test]
@@ -88,7 +97,10 @@ fn kv_memory_is_committed_only_for_positions_reached() {
             "{kv:?}: reserved {} for {max} positions of {per_pos} bytes",
             mem.kv_cache
         );
-        assert_eq!(mem.kv_committed, 0, "{kv:?}: nothing committed before the first token");
+        assert_eq!(
+            mem.kv_committed, 0,
+            "{kv:?}: nothing committed before the first token"
+        );
         m.forward(IDS[0]).unwrap();
         let one_step = m.kernel_memory().kv_committed;
         assert!(
@@ -105,7 +117,11 @@ fn kv_memory_is_committed_only_for_positions_reached() {
             COMMIT_STEP + 1,
             mem.kv_cache
         );
-        assert_eq!(m.kernel_memory().kv_cache, mem.kv_cache, "reservation is fixed");
+        assert_eq!(
+            m.kernel_memory().kv_cache,
+            mem.kv_cache,
+            "reservation is fixed"
+        );
     }
 }
 
@@ -116,13 +132,31 @@ fn int8_kv_is_about_a_quarter_of_q16() {
         KvFormat::Q16.bytes_per_position(&cfg),
         KvFormat::Int8.bytes_per_position(&cfg),
     );
-    assert_eq!(q16, 28 * 2 * 8 * 128 * 4, "Q16 bytes per position at the 0.6B shape");
-    assert_eq!(i8b, 28 * 2 * 8 * (128 + 4), "int8 bytes per position at the 0.6B shape");
-    assert!(i8b <= 60 << 10, "int8 KV must stay within 60 KiB per position: {i8b}");
+    assert_eq!(
+        q16,
+        28 * 2 * 8 * 128 * 4,
+        "Q16 bytes per position at the 0.6B shape"
+    );
+    assert_eq!(
+        i8b,
+        28 * 2 * 8 * (128 + 4),
+        "int8 bytes per position at the 0.6B shape"
+    );
+    assert!(
+        i8b <= 60 << 10,
+        "int8 KV must stay within 60 KiB per position: {i8b}"
+    );
 }
 
 /// The logits after `prompt` then `next`, the context saved to `file` after `prompt`.
-fn save_after(dir: &Path, kv: KvFormat, backend: Backend, prompt: &[u32], next: u32, file: &Path) -> Vec<f32> {
+fn save_after(
+    dir: &Path,
+    kv: KvFormat,
+    backend: Backend,
+    prompt: &[u32],
+    next: u32,
+    file: &Path,
+) -> Vec<f32> {
     let mut m = open(dir, 64, kv, backend, 2);
     m.prefill(prompt).unwrap();
     m.save_context(file).unwrap();
@@ -139,18 +173,31 @@ fn a_saved_context_continues_byte_identically_in_a_fresh_process() {
         let want = save_after(&dir, kv, Backend::Q24, &prompt, 4321, &ctx);
         let npy = tmp.path().join(format!("next-{}.npy", kv.name()));
         let out = Command::new(common::example_bin("logits"))
-            .args(["--model", dir.to_str().unwrap(), "--backend", "q24", "--kv", kv.name()])
+            .args([
+                "--model",
+                dir.to_str().unwrap(),
+                "--backend",
+                "q24",
+                "--kv",
+                kv.name(),
+            ])
             .args(["--tokens", "4321", "--load-context", ctx.to_str().unwrap()])
             .args(["--out", npy.to_str().unwrap()])
             .output()
             .unwrap();
-        assert!(out.status.success(), "logits --load-context: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "logits --load-context: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let bytes = std::fs::read(&npy).unwrap();
         let npy = npyz::NpyFile::new(&bytes[..]).unwrap();
         assert_eq!(npy.shape(), &[1, want.len() as u64]);
         let got: Vec<f32> = npy.into_vec().unwrap();
         assert!(
-            got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())),
+            got.iter()
+                .map(|v| v.to_bits())
+                .eq(want.iter().map(|v| v.to_bits())),
             "{kv:?}: logits after loading the context in another process differ from the saver's"
         );
     }
@@ -162,7 +209,10 @@ fn damaged_or_foreign_contexts_are_refused_and_leave_the_model_unchanged() {
     let other = common::model_with(
         "model-tiny-other",
         &qwen_bpf::synth::Preset::Tiny.config(),
-        &qwen_bpf::synth::SynthOptions { seed: 99, ..Default::default() },
+        &qwen_bpf::synth::SynthOptions {
+            seed: 99,
+            ..Default::default()
+        },
     );
     let tmp = tempfile::tempdir().unwrap();
     let ctx = tmp.path().join("ctx.bin");
@@ -173,7 +223,10 @@ fn damaged_or_foreign_contexts_are_refused_and_leave_the_model_unchanged() {
     let mut variants: Vec<(&str, Vec<u8>)> = vec![
         ("truncated", good[..good.len() - 1].to_vec()),
         ("padded", [&good[..], &[0]].concat()),
-        ("not a context", b"hello, world: not a saved context at all".to_vec()),
+        (
+            "not a context",
+            b"hello, world: not a saved context at all".to_vec(),
+        ),
     ];
     for at in [10, 40, good.len() / 2, good.len() - 3] {
         let mut bad = good.clone();
@@ -203,9 +256,18 @@ fn damaged_or_foreign_contexts_are_refused_and_leave_the_model_unchanged() {
 
     // made by another KV format, another store, another checkpoint: refused
     let foreign = [
-        ("the q16 KV format", open(&dir, 64, KvFormat::Q16, Backend::Q24, 1)),
-        ("the int8 store", open(&dir, 64, KvFormat::Int8, Backend::Int8, 1)),
-        ("another checkpoint", open(&other, 64, KvFormat::Int8, Backend::Q24, 1)),
+        (
+            "the q16 KV format",
+            open(&dir, 64, KvFormat::Q16, Backend::Q24, 1),
+        ),
+        (
+            "the int8 store",
+            open(&dir, 64, KvFormat::Int8, Backend::Int8, 1),
+        ),
+        (
+            "another checkpoint",
+            open(&other, 64, KvFormat::Int8, Backend::Q24, 1),
+        ),
     ];
     for (what, mut model) in foreign {
         match model.load_context(&ctx) {
@@ -216,7 +278,13 @@ fn damaged_or_foreign_contexts_are_refused_and_leave_the_model_unchanged() {
     // longer than the model's context
     let mut small = open(&dir, 8, KvFormat::Int8, Backend::Q24, 1);
     assert!(
-        matches!(small.load_context(&ctx), Err(Error::ContextOverflow { pos: 12, max_context: 8 })),
+        matches!(
+            small.load_context(&ctx),
+            Err(Error::ContextOverflow {
+                pos: 12,
+                max_context: 8
+            })
+        ),
         "a 12-token context into max_context 8"
     );
     // and the good file loads

@@ -112,7 +112,11 @@ fn low_bit_stores_stay_close_to_the_reference_on_a_trained_model() {
             let mut m = Model::open(&model, &opts).unwrap();
             let logits: Vec<Vec<f32>> = tokens.iter().map(|&t| m.forward(t).unwrap()).collect();
             m.reset();
-            let mut next = *m.prefill(&tokens[..64]).map(|l| reference::argmax(&l) as u32).as_ref().unwrap();
+            let mut next = *m
+                .prefill(&tokens[..64])
+                .map(|l| reference::argmax(&l) as u32)
+                .as_ref()
+                .unwrap();
             let mut greedy = vec![next];
             while greedy.len() < 64 {
                 next = m.next_token(next).unwrap();
