@@ -141,7 +141,7 @@ impl KvCache {
         let per_layer: usize = self
             .row_bytes
             .iter()
-            .map(|&r| pages(self.committed, r).min(pages(self.max_ctx, r)))
+            .map(|&r| pages(self.committed, r))
             .sum();
         per_layer * self.layers.len()
     }
@@ -185,6 +185,29 @@ pub(crate) struct ContextHeader {
     pub checksum: String,
 }
 
+/// Checks the fixed 16-byte preamble `head` (magic, version) and returns the header's length.
+fn preamble(path: &Path, head: &[u8]) -> Result<usize> {
+    if head.len() < 16 || &head[..8] != MAGIC {
+        return Err(context_error(
+            path,
+            "not a qwen_bpf saved context (bad magic)",
+        ));
+    }
+    let version = u32::from_le_bytes(head[8..12].try_into().unwrap());
+    if version != CONTEXT_VERSION {
+        return Err(context_error(
+            path,
+            format!("format version {version}, this build reads {CONTEXT_VERSION}"),
+        ));
+    }
+    Ok(u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize)
+}
+
+/// The header JSON.
+fn parse_header(path: &Path, json: &[u8]) -> Result<ContextHeader> {
+    serde_json::from_slice(json).map_err(|e| context_error(path, format!("unreadable header: {e}")))
+}
+
 /// The position (tokens) a saved context holds, read from its header alone: enough to size a
 /// model's `max_context` before [`crate::Model::load_context`] verifies the whole file.
 pub fn saved_position(path: &Path) -> Result<usize> {
@@ -192,13 +215,7 @@ pub fn saved_position(path: &Path) -> Result<usize> {
     let mut head = [0u8; 16];
     f.read_exact(&mut head)
         .map_err(|_| context_error(path, "truncated: no header"))?;
-    if &head[..8] != MAGIC {
-        return Err(context_error(
-            path,
-            "not a qwen_bpf saved context (bad magic)",
-        ));
-    }
-    let hlen = u32::from_le_bytes(head[12..16].try_into().unwrap()) as usize;
+    let hlen = preamble(path, &head)?;
     if hlen > 1 << 24 {
         return Err(context_error(
             path,
@@ -208,9 +225,7 @@ pub fn saved_position(path: &Path) -> Result<usize> {
     let mut h = vec![0u8; hlen];
     f.read_exact(&mut h)
         .map_err(|_| context_error(path, "truncated header"))?;
-    let header: ContextHeader = serde_json::from_slice(&h)
-        .map_err(|e| context_error(path, format!("unreadable header: {e}")))?;
-    Ok(header.position)
+    Ok(parse_header(path, &h)?.position)
 }
 
 fn context_error(path: &Path, msg: impl Into<String>) -> Error {
@@ -272,25 +287,11 @@ pub(crate) fn read(path: &Path, want: &ContextHeader) -> Result<(ContextHeader, 
     let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
     let mut data = Vec::new();
     f.read_to_end(&mut data).map_err(|e| Error::io(path, e))?;
-    if data.len() < 16 || &data[..8] != MAGIC {
-        return Err(context_error(
-            path,
-            "not a qwen_bpf saved context (bad magic)",
-        ));
-    }
-    let version = u32::from_le_bytes(data[8..12].try_into().unwrap());
-    if version != CONTEXT_VERSION {
-        return Err(context_error(
-            path,
-            format!("format version {version}, this build reads {CONTEXT_VERSION}"),
-        ));
-    }
-    let hlen = u32::from_le_bytes(data[12..16].try_into().unwrap()) as usize;
+    let hlen = preamble(path, &data)?;
     if 16 + hlen > data.len() {
         return Err(context_error(path, "truncated header"));
     }
-    let header: ContextHeader = serde_json::from_slice(&data[16..16 + hlen])
-        .map_err(|e| context_error(path, format!("unreadable header: {e}")))?;
+    let header = parse_header(path, &data[16..16 + hlen])?;
     let payload = data.split_off(16 + hlen);
     if payload.len() != header.payload_bytes {
         return Err(context_error(

@@ -21,6 +21,7 @@ pub struct TwinModel {
     k_cache: Vec<Vec<i32>>, // Q16 KV: per layer [max_ctx][kv_dim]
     v_cache: Vec<Vec<i32>>,
     kv8: Vec<kv8::Cache>, // int8 KV: per layer
+    ksh: Vec<Vec<u8>>,    // int8 KV: per layer, the key smoothing shifts [hd]
     exp2: [u32; 257],
     cos: Vec<i32>, // [max_ctx][hd/2]
     sin: Vec<i32>,
@@ -57,6 +58,12 @@ impl TwinModel {
             k_cache: vec![vec![0; q16_len]; cfg.num_hidden_layers],
             v_cache: vec![vec![0; q16_len]; cfg.num_hidden_layers],
             kv8: vec![kv8::Cache::new(shape); layers8],
+            ksh: (0..layers8)
+                .map(|l| {
+                    let name = format!("model.layers.{l}.self_attn.k_norm.weight");
+                    Ok(kv8::key_shifts(w.i32s(&name)?))
+                })
+                .collect::<Result<_>>()?,
             cfg,
             w,
             max_ctx,
@@ -143,8 +150,8 @@ impl TwinModel {
             );
             // 4. attention
             if let Some(c8) = self.kv8.get_mut(l) {
-                let ksh = kv8::key_shifts(self.w.i32s(&format!("{p}.self_attn.k_norm.weight"))?);
-                kv8::attention(q, k, v, c8, &ksh, pos, shape, scale, &self.exp2, &mut att);
+                let ksh = &self.ksh[l];
+                kv8::attention(q, k, v, c8, ksh, pos, shape, scale, &self.exp2, &mut att);
             } else {
                 let (kc, vc) = (&mut self.k_cache[l], &mut self.v_cache[l]);
                 fixed::attention(q, k, v, kc, vc, pos, shape, scale, &self.exp2, &mut att);
