@@ -4,26 +4,12 @@
 //! on one thread and on kv heads split across two. Also: what committing arena memory ahead of
 //! use is for (a BPF store to a page never committed is dropped). Needs root (loads BPF).
 
+mod common;
+
+use common::Rng;
 use qwen_bpf::fixed::{self, AttnShape};
-use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::{kv8_pairs, AttentionI8Buffers, Ops};
 use qwen_bpf::kv8;
-
-/// xorshift64*: deterministic test data.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn vec(&mut self, n: usize, m: i64) -> Vec<i32> {
-        (0..n)
-            .map(|_| ((self.next() % (2 * m as u64 + 1)) as i64 - m) as i32)
-            .collect()
-    }
-}
 
 fn ops() -> Ops {
     Ops::load(256 << 20).expect("loading the operator programs (needs root / CAP_BPF)")
@@ -40,13 +26,8 @@ fn shifts(hd: usize) -> Vec<u8> {
         .collect()
 }
 
-fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool) {
-    let mut o = ops();
-    o.set_threads(threads);
-    o.set_par_min_macs(0); // split kv heads across the threads at every position
-    let mut rng = Rng(seed);
-    let tab = fixed::exp2_table();
-    let scale = fixed::attn_scale_q22(s.hd);
+/// Every buffer of one attention run for shape `s`, the exp2 table and the shifts `ksh` filled in.
+fn buffers(o: &mut Ops, s: AttnShape, ksh: &[u8]) -> AttentionI8Buffers {
     let (kvd, pairs) = (s.n_kv * s.hd, kv8_pairs(s.n_q, s.n_kv));
     let a = &mut o.arena;
     let b = AttentionI8Buffers {
@@ -65,9 +46,22 @@ fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool) {
         exp2: a.alloc(257 * 4, "exp2").unwrap(),
         ksh: a.alloc(s.hd, "ksh").unwrap(),
     };
+    a.slice_mut::<u32>(b.exp2)
+        .copy_from_slice(&fixed::exp2_table());
+    a.slice_mut::<u8>(b.ksh).copy_from_slice(ksh);
+    b
+}
+
+fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool) {
+    let mut o = ops();
+    o.set_threads(threads);
+    o.set_par_min_macs(0); // split kv heads across the threads at every position
+    let mut rng = Rng(seed);
+    let tab = fixed::exp2_table();
+    let scale = fixed::attn_scale_q22(s.hd);
+    let kvd = s.n_kv * s.hd;
     let ksh = shifts(s.hd);
-    o.arena.slice_mut::<u8>(b.ksh).copy_from_slice(&ksh);
-    o.arena.slice_mut::<u32>(b.exp2).copy_from_slice(&tab);
+    let b = buffers(&mut o, s, &ksh);
     let mut cache = kv8::Cache::new(s);
     let mut out = vec![0; s.n_q * s.hd];
     for pos in 0..s.max_ctx {
@@ -228,7 +222,6 @@ fn int8_attention_is_close_to_exact_attention() {
 #[test]
 fn a_bpf_store_to_an_uncommitted_page_is_dropped_and_commit_makes_it_land() {
     let mut o = ops();
-    let tab = fixed::exp2_table();
     let s = AttnShape {
         n_q: 2,
         n_kv: 1,
@@ -236,27 +229,9 @@ fn a_bpf_store_to_an_uncommitted_page_is_dropped_and_commit_makes_it_land() {
         max_ctx: 8,
     };
     let scale = fixed::attn_scale_q22(s.hd);
-    let pairs = kv8_pairs(s.n_q, s.n_kv);
-    let a = &mut o.arena;
-    let mut b = AttentionI8Buffers {
-        q: a.alloc(s.n_q * s.hd * 4, "q").unwrap(),
-        k: a.alloc(s.hd * 4, "k").unwrap(),
-        v: a.alloc(s.hd * 4, "v").unwrap(),
-        k_codes: Region::default(),
-        k_steps: a.alloc(s.max_ctx * 4, "ks").unwrap(),
-        v_codes: a.alloc(s.max_ctx * s.hd, "vc").unwrap(),
-        v_steps: a.alloc(s.max_ctx * 4, "vs").unwrap(),
-        probs: a.alloc(s.n_q * s.max_ctx * 4, "p").unwrap(),
-        wv: a.alloc(pairs * s.max_ctx * 8, "wv").unwrap(),
-        qq: a.alloc(pairs * s.hd * 8, "qq").unwrap(),
-        acc: a.alloc(pairs * s.hd * 8, "acc").unwrap(),
-        out: a.alloc(s.n_q * s.hd * 4, "out").unwrap(),
-        exp2: a.alloc(257 * 4, "exp2").unwrap(),
-        ksh: a.alloc(s.hd, "ksh").unwrap(),
-    };
+    let mut b = buffers(&mut o, s, &vec![0; s.hd]);
     // key codes in reserved, never-touched pages
     b.k_codes = o.arena.reserve(s.max_ctx * s.hd, "kc").unwrap();
-    o.arena.slice_mut::<u32>(b.exp2).copy_from_slice(&tab);
     o.arena.slice_mut::<i32>(b.k).fill(1 << 16);
     o.arena.slice_mut::<i32>(b.v).fill(1 << 16);
     o.attention_i8(&b, 0, s, scale).unwrap();

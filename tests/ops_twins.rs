@@ -2,27 +2,12 @@
 //! and on edge cases (largest norm weights, long attention history, negative and saturating
 //! values). These load real BPF programs: they need root (or CAP_BPF + CAP_PERFMON).
 
+mod common;
+
+use common::Rng;
 use qwen_bpf::fixed::{self, AttnShape};
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::{AttentionBuffers, Ops};
-
-/// xorshift64*: deterministic test data.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// uniform in [-m, m]
-    fn sym(&mut self, m: i64) -> i32 {
-        ((self.next() % (2 * m as u64 + 1)) as i64 - m) as i32
-    }
-    fn vec(&mut self, n: usize, m: i64) -> Vec<i32> {
-        (0..n).map(|_| self.sym(m)).collect()
-    }
-}
 
 fn ops() -> Ops {
     Ops::load(64 << 20).expect("loading the operator programs (needs root / CAP_BPF)")
@@ -137,7 +122,7 @@ fn matvec_matches_twin_including_residual_add_and_saturation() {
                 if i % 4 == 0 {
                     fixed::RES_MAX - 5
                 } else {
-                    rng.sym(1 << 30) as i64 * 4096
+                    rng.sym(1 << 30) * 4096
                 }
             })
             .collect();
@@ -223,7 +208,7 @@ fn rmsnorm_twin_is_accurate() {
     let mut rng = Rng(3);
     // a small-rms residual (like embeddings, ~0.03) and an ordinary one
     for scale in [1i64 << 10, 1 << 17] {
-        let x: Vec<i64> = (0..1024).map(|_| rng.sym(scale) as i64 * 65536).collect();
+        let x: Vec<i64> = (0..1024).map(|_| rng.sym(scale) * 65536).collect();
         let w: Vec<i32> = (0..1024).map(|i| (1 << 20) + i * 1000).collect();
         let mut y = vec![0; 1024];
         fixed::rmsnorm(&x, &w, fixed::eps_q64(EPS), fixed::Q_ACT, &mut y);

@@ -8,6 +8,9 @@
 // Row ranges are passed as lists of consecutive ranges, often of one.
 #![allow(clippy::single_range_in_vec_init, clippy::needless_range_loop)]
 
+mod common;
+
+use common::Rng;
 use qwen_bpf::fixed::ACT_MAX;
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::Ops;
@@ -16,49 +19,24 @@ use qwen_bpf::swar::{
     self, Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, W4A8, W8A16,
 };
 
-/// xorshift64*: deterministic test data.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// uniform in [-m, m]
-    fn sym(&mut self, m: i64) -> i64 {
-        (self.next() % (2 * m as u64 + 1)) as i64 - m
-    }
-    fn vec(&mut self, n: usize, m: i64) -> Vec<i32> {
-        (0..n).map(|_| self.sym(m) as i32).collect()
-    }
-    /// uniform in [0, 1)
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// roughly normal (sum of four uniforms), standard deviation `sd`
-    fn normal(&mut self, sd: f64) -> f64 {
-        let s: f64 = (0..4).map(|_| self.unit()).sum::<f64>() - 2.0;
-        s * sd * 3f64.sqrt()
-    }
-    /// weights like a trained layer's: normal with a few large outliers
-    fn weights(&mut self, n: usize, sd: f64) -> Vec<f32> {
-        (0..n)
-            .map(|_| {
-                (if self.next() % 500 == 0 {
-                    self.normal(sd * 8.0)
-                } else {
-                    self.normal(sd)
-                }) as f32
-            })
-            .collect()
-    }
-    /// activations in f32 with per-column magnitudes and outlier channels, as after RMSNorm
-    fn activations(&mut self, n: usize) -> Vec<f32> {
-        (0..n)
-            .map(|j| (self.normal(1.0) * if j % 97 == 5 { 40.0 } else { 1.0 }) as f32)
-            .collect()
-    }
+/// Weights like a trained layer's: normal with a few large outliers.
+fn weights(rng: &mut Rng, n: usize, sd: f64) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            (if rng.next() % 500 == 0 {
+                rng.normal(sd * 8.0)
+            } else {
+                rng.normal(sd)
+            }) as f32
+        })
+        .collect()
+}
+
+/// Activations in f32 with per-column magnitudes and outlier channels, as after RMSNorm.
+fn activations(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|j| (rng.normal(1.0) * if j % 97 == 5 { 40.0 } else { 1.0 }) as f32)
+        .collect()
 }
 
 fn ops(bytes: usize) -> Ops {
@@ -224,9 +202,9 @@ fn w4a8_matvec_matches_twin_at_model_shapes() {
     let mut o = ops(64 << 20);
     let mut rng = Rng(12);
     for (rows, k) in [(1024, 1024), (3072, 1024), (1024, 3072)] {
-        let m = swar::quantize_int4(&rng.weights(rows * k, 0.02), rows, k).unwrap();
+        let m = swar::quantize_int4(&weights(&mut rng, rows * k, 0.02), rows, k).unwrap();
         let rm = o.upload_int4(&m).unwrap();
-        let x = q16(&rng.activations(k));
+        let x = q16(&activations(&mut rng, k));
         let y0 = rng.vec(rows, 1 << 30);
         let half = rows / 2 / 8 * 8;
         check_matvec(
@@ -257,9 +235,9 @@ fn w8a16_matvec_matches_twin_at_model_shapes() {
     let mut o = ops(64 << 20);
     let mut rng = Rng(13);
     for (rows, k) in [(1024, 1024), (3072, 1024), (1024, 3072)] {
-        let m = swar::quantize_int8(&rng.weights(rows * k, 0.02), rows, k).unwrap();
+        let m = swar::quantize_int8(&weights(&mut rng, rows * k, 0.02), rows, k).unwrap();
         let rm = o.upload_int8(&m).unwrap();
-        let x = q16(&rng.activations(k));
+        let x = q16(&activations(&mut rng, k));
         let y0 = rng.vec(rows, 1 << 30);
         let half = rows / 2 / 4 * 4 + 4; // not a multiple of 8: W8A16 blocks are 4 rows
         check_matvec(
@@ -454,8 +432,8 @@ fn swar_lm_heads_match_twins_with_ties_first() {
     let mut o = ops(64 << 20);
     let mut rng = Rng(15);
     let (rows, k) = (4096, 1024);
-    let x = q16(&rng.activations(k));
-    let w = rng.weights(rows * k, 0.05);
+    let x = q16(&activations(&mut rng, k));
+    let w = weights(&mut rng, rows * k, 0.05);
     let m4 = swar::quantize_int4(&w, rows, k).unwrap();
     let m8 = swar::quantize_int8(&w, rows, k).unwrap();
     let (r4, r8) = (o.upload_int4(&m4).unwrap(), o.upload_int8(&m8).unwrap());
@@ -547,7 +525,7 @@ fn swar_lm_heads_match_twins_with_ties_first() {
 fn quantize_dequantize_error_is_at_most_half_a_step() {
     let mut rng = Rng(16);
     let (rows, k) = (64, 1024);
-    let mut w = rng.weights(rows * k, 0.03);
+    let mut w = weights(&mut rng, rows * k, 0.03);
     w[5] = 0.0;
     w[k..k + 32].iter_mut().for_each(|v| *v = 0.0); // an all-zero group
     w[2 * k] = 1700.0; // near the INT4 limit
@@ -657,8 +635,8 @@ fn quantize_dequantize_error_is_at_most_half_a_step() {
 fn swar_twins_are_accurate_against_f32_weights_and_activations() {
     let mut rng = Rng(17);
     let (rows, k) = (1024, 3072);
-    let w = rng.weights(rows * k, 0.02);
-    let xf = rng.activations(k);
+    let w = weights(&mut rng, rows * k, 0.02);
+    let xf = activations(&mut rng, k);
     let x = q16(&xf);
     let exact: Vec<f64> = (0..rows)
         .map(|r| (0..k).map(|j| w[r * k + j] as f64 * xf[j] as f64).sum())
@@ -763,8 +741,8 @@ fn gmacs() {
     let (rounds, reps) = (7, 40);
     for (rows, k) in [(3072, 1024), (1024, 3072)] {
         let wq24 = rng.vec(rows * k, 1 << 22);
-        let wf = rng.weights(rows * k, 0.02);
-        let x = q16(&rng.activations(k));
+        let wf = weights(&mut rng, rows * k, 0.02);
+        let x = q16(&activations(&mut rng, k));
         let (rw, rx) = (put(&mut o, &wq24), put(&mut o, &x));
         let ry = o.arena.alloc(rows * 4, "y").unwrap();
         let m4 = o
@@ -842,8 +820,8 @@ fn twin_of_unquantised_wrapper_equals_quantised_path() {
     // w4a8_matvec(x) == matvec_quantized(quantize_x8(x)); the same for W8A16 and the LM heads
     let mut rng = Rng(19);
     let (rows, k) = (32, 128);
-    let w = rng.weights(rows * k, 0.1);
-    let x = q16(&rng.activations(k));
+    let w = weights(&mut rng, rows * k, 0.1);
+    let x = q16(&activations(&mut rng, k));
     let (m4, m8) = (
         swar::quantize_int4(&w, rows, k).unwrap(),
         swar::quantize_int8(&w, rows, k).unwrap(),

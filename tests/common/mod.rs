@@ -136,3 +136,33 @@ fn stamp_of(cfg: &Config, opts: &SynthOptions) -> u64 {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01B3)
     })
 }
+
+/// xorshift64*: deterministic test data for the twin tests.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in `[-m, m]`.
+    pub fn sym(&mut self, m: i64) -> i64 {
+        (self.next() % (2 * m as u64 + 1)) as i64 - m
+    }
+    /// `n` values uniform in `[-m, m]` (m < 2^31).
+    pub fn vec(&mut self, n: usize, m: i64) -> Vec<i32> {
+        (0..n).map(|_| self.sym(m) as i32).collect()
+    }
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Roughly normal (a sum of four uniforms), standard deviation `sd`.
+    pub fn normal(&mut self, sd: f64) -> f64 {
+        let s: f64 = (0..4).map(|_| self.unit()).sum::<f64>() - 2.0;
+        s * sd * 3f64.sqrt()
+    }
+}
