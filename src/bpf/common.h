@@ -38,3 +38,20 @@ typedef __u64 u64;
  * body once, not once per iteration. start and end must not change inside the loop. */
 #define FOR(i, start, end) \
 	for (int i##_once_ = 1, i = 0; i##_once_; i##_once_ = 0) bpf_for(i, start, end)
+
+/* A loop condition that lets the verifier check a plain loop by convergence instead of walking
+ * every iteration (the may_goto instruction, Linux 6.9+), and costs a decrement and a branch per
+ * iteration instead of bpf_for's kfunc call: for hot inner loops. The kernel bounds such loops
+ * with a hidden budget (8M iterations per call; a time slice on newer kernels) and the condition
+ * turns false when it runs out, so a loop using it must stay far below that budget (say where). */
+#define can_loop                                                                  \
+	({                                                                        \
+		__label__ l_break, l_continue;                                    \
+		int ret_ = 1;                                                     \
+		asm volatile goto("may_goto %l[l_break]" :::: l_break);           \
+		goto l_continue;                                                  \
+	l_break:                                                                  \
+		ret_ = 0;                                                         \
+	l_continue:                                                               \
+		ret_;                                                             \
+	})

@@ -31,11 +31,18 @@
  * 4. Values: V = max_t vstep_t of the kv head, r_t = (vstep_t * floor(2^55 / V)) >> 32 <= 2^23,
  *    W_t = (p_t * r_t) >> 30: sum_t W_t <= 2^23, so a lane of sum_t W_t * c_t[d] stays below
  *    127 * 2^23 < 2^31 at any context length. out[d] = sat32(rshr(lane * V, 30)) in Q16.
- * No division inside the loops over positions. */
+ * No division inside the loops over positions.
+ *
+ * The inner loops (kv8_dots, kv8_axpys) keep their sums in registers, load each packed query word
+ * once per three key rows and each value weight once per four channels, and are written with
+ * KV8_MAC so that a multiply-add is three instructions. Their can_loop budgets: at most
+ * ceil(max_ctx / 3) * hd / 8 < 900,000 iterations per kv8_dots call (max_ctx 40,960, hd 512) and
+ * (hd / 4) * KV8_TBLOCK / 2 = 16,384 per kv8_axpys call, far below the kernel's 8M. */
 #pragma once
 
 #define KV8_QMAX 32767  /* packed query codes */
 #define KV8_HD_MAX 512  /* head_dim bound of the lane algebra above */
+#define KV8_TBLOCK 256  /* value rows per pass of kv8_axpys (its sums stay in registers) */
 
 struct attention_i8_args {
 	u64 q;       /* s32 Q22 [n_q][hd]: after q_norm and RoPE */
@@ -158,40 +165,144 @@ __noinline u32 kv8_pack_queries(u64 qa, u64 qqa, u64 sha, u32 hd, u32 two)
 	return (u32)(e0 | e1 << 8);
 }
 
-/* sum_d QQ[d] * c[d] (mod 2^64): both heads' dot products with one key row. */
-__noinline u64 kv8_dot_pair(u64 qqa, u64 ca, u32 hd)
-{
-	const u64 __arena *qq = ARENA_PTR(const u64, qqa);
-	const s8 __arena *c = ARENA_PTR(const s8, ca);
-	u64 a = 0, b = 0;
-	u32 d = 0;
+/* a += x * c[off] (c an s8 arena pointer, off a literal), as three BPF instructions: a load with
+ * sign extension, a multiply, an add. Written as asm because clang spills the sums of the loops
+ * below to the stack and re-loads them (six to seven instructions per multiply instead of three
+ * to four). */
+#define KV8_MAC(a, x, c, off, t)                                                       \
+	asm("%[tmp] = *(s8 *)(%[cp] + " #off ")\n\t%[tmp] *= %[xv]\n\t%[acc] += %[tmp]"     \
+	    : [acc] "+r"(a), [tmp] "=&r"(t)                                             \
+	    : [cp] "r"(c), [xv] "r"(x))
+/* x = q[off / 8] (q a u64 arena pointer): a packed query word or value weight */
+#define KV8_LOAD(x, q, off) asm("%[xv] = *(u64 *)(%[qp] + " #off ")" : [xv] "=r"(x) : [qp] "r"(q))
+/* Column d of three key rows: x = QQ[d] (qoff = 8 d), ar += x * cr[d] for r = 0, 1, 2. */
+#define KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, qoff, d, t)                          \
+	do {                                                                            \
+		KV8_LOAD(x, q, qoff);                                                   \
+		KV8_MAC(a0, x, c0, d, t);                                               \
+		KV8_MAC(a1, x, c1, d, t);                                               \
+		KV8_MAC(a2, x, c2, d, t);                                               \
+	} while (0)
+/* p as the verifier's arena pointer: clang casts an arena pointer only where C dereferences it,
+ * and the loads above are asm */
+#define KV8_CAST(p) asm volatile("%[ptr] = addr_space_cast(%[ptr], 0, 1)" : [ptr] "+r"(p))
 
-	for (; d + 4 <= hd && d < KV8_HD_MAX; d += 4) {
-		a += qq[d] * (u64)(s64)c[d];
-		b += qq[d + 1] * (u64)(s64)c[d + 1];
-		a += qq[d + 2] * (u64)(s64)c[d + 2];
-		b += qq[d + 3] * (u64)(s64)c[d + 3];
+/* dots[t] = sum_d QQ[d] * c_t[d] (mod 2^64) for t < n, key row t at ca + t * stride: both heads'
+ * dot products with every key row (hd_n = hd | n << 32). Three rows per pass over QQ, so each
+ * packed query word is loaded once per three multiplies, eight columns per iteration; rows past
+ * n in the last pass repeat row t and are not stored. */
+__noinline int kv8_dots(u64 qqa, u64 ca, u64 stride, u64 outa, u64 hd_n)
+{
+	u64 __arena *out = ARENA_PTR(u64, outa);
+	u32 hd = (u32)hd_n, n = (u32)(hd_n >> 32), octs = hd / 8;
+
+	if (hd > KV8_HD_MAX)
+		return 1;
+	FOR(i, 0, (n + 2) / 3) {
+		u32 t = 3 * i;
+		const u64 __arena *q = ARENA_PTR(const u64, qqa);
+		const s8 __arena *c0 = ARENA_PTR(const s8, ca + (u64)t * stride);
+		const s8 __arena *c1 = t + 1 < n ? c0 + stride : c0;
+		const s8 __arena *c2 = t + 2 < n ? c1 + stride : c0;
+		u64 a0 = 0, a1 = 0, a2 = 0, x, tmp;
+
+		KV8_CAST(q);
+		KV8_CAST(c0);
+		KV8_CAST(c1);
+		KV8_CAST(c2);
+		for (u32 j = 0; j < octs && can_loop; j++) {
+			KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, 0, 0, tmp);
+			KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, 8, 1, tmp);
+			KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, 16, 2, tmp);
+			KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, 24, 3, tmp);
+			KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, 32, 4, tmp);
+			KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, 40, 5, tmp);
+			KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, 48, 6, tmp);
+			KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, 56, 7, tmp);
+			q += 8;
+			c0 += 8;
+			c1 += 8;
+			c2 += 8;
+		}
+		for (u32 d = octs * 8; d < hd && can_loop; d++) {
+			KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, 0, 0, tmp);
+			q++;
+			c0++;
+			c1++;
+			c2++;
+		}
+		out[t] = a0;
+		if (t + 1 < n)
+			out[t + 1] = a1;
+		if (t + 2 < n)
+			out[t + 2] = a2;
 	}
-	for (; d < hd && d < KV8_HD_MAX; d++)
-		a += qq[d] * (u64)(s64)c[d];
-	return a + b;
+	return 0;
 }
 
-/* acc[d] += w * c[d] (mod 2^64): one value row into both heads' sums. */
-__noinline int kv8_axpy_pair(u64 acca, u64 w, u64 ca, u32 hd)
+/* acc[d] += sum_t W[t] * c_t[d] (mod 2^64) for t < n, value row t at ca + t * stride: the value
+ * rows into both heads' sums (hd_n = hd | n << 32, n capped at KV8_TBLOCK), four channels at a
+ * time with their sums held in registers over all n rows, two rows per iteration. */
+__noinline int kv8_axpys(u64 acca, u64 wa, u64 ca, u64 stride, u64 hd_n)
 {
 	u64 __arena *acc = ARENA_PTR(u64, acca);
-	const s8 __arena *c = ARENA_PTR(const s8, ca);
-	u32 d = 0;
+	u32 hd = (u32)hd_n, n = (u32)(hd_n >> 32), quads = hd / 4, pairs;
 
-	for (; d + 4 <= hd && d < KV8_HD_MAX; d += 4) {
-		acc[d] += w * (u64)(s64)c[d];
-		acc[d + 1] += w * (u64)(s64)c[d + 1];
-		acc[d + 2] += w * (u64)(s64)c[d + 2];
-		acc[d + 3] += w * (u64)(s64)c[d + 3];
+	if (n > KV8_TBLOCK)
+		n = KV8_TBLOCK;
+	pairs = n / 2;
+	FOR(b, 0, quads) {
+		u32 d = 4 * b;
+		const u64 __arena *w = ARENA_PTR(const u64, wa);
+		const s8 __arena *c = ARENA_PTR(const s8, ca + d);
+		u64 a0 = acc[d], a1 = acc[d + 1], a2 = acc[d + 2], a3 = acc[d + 3], x, tmp;
+
+		KV8_CAST(w);
+		KV8_CAST(c);
+
+		for (u32 t = 0; t < pairs && can_loop; t++) {
+			KV8_LOAD(x, w, 0);
+			KV8_MAC(a0, x, c, 0, tmp);
+			KV8_MAC(a1, x, c, 1, tmp);
+			KV8_MAC(a2, x, c, 2, tmp);
+			KV8_MAC(a3, x, c, 3, tmp);
+			c += stride;
+			KV8_LOAD(x, w, 8);
+			KV8_MAC(a0, x, c, 0, tmp);
+			KV8_MAC(a1, x, c, 1, tmp);
+			KV8_MAC(a2, x, c, 2, tmp);
+			KV8_MAC(a3, x, c, 3, tmp);
+			c += stride;
+			w += 2;
+		}
+		if (n & 1) {
+			KV8_LOAD(x, w, 0);
+			KV8_MAC(a0, x, c, 0, tmp);
+			KV8_MAC(a1, x, c, 1, tmp);
+			KV8_MAC(a2, x, c, 2, tmp);
+			KV8_MAC(a3, x, c, 3, tmp);
+		}
+		acc[d] = a0;
+		acc[d + 1] = a1;
+		acc[d + 2] = a2;
+		acc[d + 3] = a3;
 	}
-	for (; d < hd && d < KV8_HD_MAX; d++)
-		acc[d] += w * (u64)(s64)c[d];
+	FOR(d, quads * 4, hd) {
+		const u64 __arena *w = ARENA_PTR(const u64, wa);
+		const s8 __arena *c = ARENA_PTR(const s8, ca + d);
+		u64 a0 = acc[d], x, tmp;
+
+		KV8_CAST(w);
+		KV8_CAST(c);
+
+		for (u32 t = 0; t < n && can_loop; t++) {
+			KV8_LOAD(x, w, 0);
+			KV8_MAC(a0, x, c, 0, tmp);
+			w++;
+			c += stride;
+		}
+		acc[d] = a0;
+	}
 	return 0;
 }
 
@@ -226,7 +337,8 @@ static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0
 	u64 pa0 = a->probs + (u64)h0 * a->max_ctx * 4, pa1 = pa0 + (u64)a->max_ctx * 4;
 	u32 __arena *p0 = ARENA_PTR(u32, pa0);
 	u32 __arena *p1 = ARENA_PTR(u32, pa1);
-	u64 __arena *wv = ARENA_PTR(u64, a->wv + (u64)pair * a->max_ctx * 8);
+	u64 wva = a->wv + (u64)pair * a->max_ctx * 8;
+	u64 __arena *wv = ARENA_PTR(u64, wva);
 	u64 __arena *accp = ARENA_PTR(u64, acc);
 	s32 __arena *out = ARENA_PTR(s32, a->out + (u64)h0 * hd * 4);
 	s64 scale = a->scale_q22, m0 = -ACT_MAX, m1 = -ACT_MAX;
@@ -240,8 +352,9 @@ static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0
 	if (e0 > 60 || e1 > 60)
 		return 1;
 	/* 2. scores of both heads, their maxima, and the largest value step */
+	kv8_dots(qq, kc, kvd, wva, hd | (u64)npos << 32);
 	FOR(t, 0, npos) {
-		u64 w = kv8_dot_pair(qq, kc + t * kvd, hd);
+		u64 w = wv[t]; /* this pair's packed dot products, until step 4 */
 		u32 kstep = ks[(u64)t * n_kv], vstep = vs[(u64)t * n_kv];
 		s64 s0 = kv8_score(lane0(w), kstep, e0, scale);
 
@@ -275,8 +388,11 @@ static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0
 	/* 5. sums of weighted value codes, then out = lane * V / 2^30 */
 	FOR(d, 0, hd)
 		accp[d] = 0;
-	FOR(t, 0, npos)
-		kv8_axpy_pair(acc, wv[t], vc + t * kvd, hd);
+	FOR(blk, 0, (npos + KV8_TBLOCK - 1) / KV8_TBLOCK) {
+		u32 t0 = blk * KV8_TBLOCK;
+
+		kv8_axpys(acc, wva + (u64)t0 * 8, vc + (u64)t0 * kvd, kvd, hd | (u64)(npos - t0) << 32);
+	}
 	FOR(d, 0, hd) {
 		u64 w = accp[d];
 
