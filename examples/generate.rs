@@ -283,6 +283,7 @@ fn run(args: &Args) -> Result<()> {
     let runs = model.bpf_runs() - runs0;
     let mem = model.kernel_memory();
     eprintln!("--- stopped: {stop}");
+    common::warn_saturations(model.saturations());
     if let Some(seed) = seed {
         let p = &sampling;
         eprintln!(

@@ -94,6 +94,10 @@ struct Args {
 trait Backend {
     fn forward(&mut self, token: u32) -> Result<Vec<f32>>;
     fn save_context(&self, path: &Path) -> Result<()>;
+    /// Values clamped to their fixed-point range (0 for the f32 reference).
+    fn saturations(&self) -> u64 {
+        0
+    }
 }
 
 impl Backend for qwen_bpf::reference::Reference {
@@ -111,6 +115,9 @@ impl Backend for Model {
     }
     fn save_context(&self, path: &Path) -> Result<()> {
         Model::save_context(self, path)
+    }
+    fn saturations(&self) -> u64 {
+        Model::saturations(self)
     }
 }
 
@@ -196,6 +203,7 @@ fn run(args: &Args) -> Result<()> {
         backend.save_context(path)?;
     }
 
+    common::warn_saturations(backend.saturations());
     println!(
         "{} tokens, vocab {vocab}, backend {} -> {} ({:.2} ms/token)",
         n,

@@ -171,6 +171,17 @@ pub enum Error {
         /// The numbers involved.
         msg: String,
     },
+    /// A model dimension beyond a bound of the kernels (see [`crate::limits`]), refused when the
+    /// model is opened, before anything is converted or loaded.
+    #[error("{what} = {value}: the kernels need {limit}")]
+    Limit {
+        /// The dimension, e.g. `"intermediate_size (columns of down_proj)"`.
+        what: &'static str,
+        /// Its value in this model.
+        value: usize,
+        /// What the kernels take, e.g. `"at most 16384"`.
+        limit: String,
+    },
     /// A bad argument to a library call.
     #[error("invalid argument: {0}")]
     Invalid(String),

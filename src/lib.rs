@@ -19,6 +19,7 @@ pub mod generate;
 pub mod kernel;
 pub mod kv;
 pub mod kv8;
+pub mod limits;
 pub mod model;
 pub mod reference;
 pub mod sampling;

@@ -244,15 +244,10 @@ impl Model {
                 opts.max_context, cfg.max_position_embeddings
             )));
         }
+        // Every kernel bound (matrix widths, head_dim, row blocks), before anything is converted.
+        crate::limits::check(&cfg, opts.backend, opts.kv)?;
         // The KV cache alone must fit the arena; checking it first also keeps every size below
         // far from overflowing (max_context may be anything up to max_position_embeddings).
-        if opts.kv == KvFormat::Int8 && cfg.head_dim() > crate::kv8::HD_MAX {
-            return Err(Error::Invalid(format!(
-                "head_dim {} exceeds the int8 KV cache's limit of {} (use the q16 KV format)",
-                cfg.head_dim(),
-                crate::kv8::HD_MAX
-            )));
-        }
         let kv_per_token = opts.kv.bytes_per_position(&cfg);
         if opts.max_context.saturating_mul(kv_per_token) > MAX_ARENA_BYTES {
             return Err(Error::Resources {
@@ -366,6 +361,14 @@ impl Model {
     /// BPF program runs since open.
     pub fn bpf_runs(&self) -> u64 {
         self.ops.runs()
+    }
+
+    /// Values the kernels clamped to their fixed-point range since open (an activation beyond
+    /// ±32768, a residual beyond ±2^30, …; see README, "Fixed-point headroom"). 0 means the
+    /// logits are as exact as the formats promise; otherwise some values were saturated and the
+    /// logits may be far from the f32 reference.
+    pub fn saturations(&self) -> u64 {
+        self.ops.saturations()
     }
 
     /// Kernel memory by purpose: reserved, and for the KV cache also committed.

@@ -74,7 +74,7 @@ pub const GROUP: usize = 32;
 /// Weight scales are Q24: a weight is `code * scale / 2^SCALE_SHIFT`.
 pub const SCALE_SHIFT: u32 = 24;
 /// Most columns a kernel accepts.
-pub const K_MAX: usize = 16384;
+pub const K_MAX: usize = crate::limits::COLS_MAX;
 
 /// A packed low-bit format: how codes sit in the kernel's `u64` words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

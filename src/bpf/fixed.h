@@ -4,6 +4,7 @@
  * constants so that a test can check that the two agree. A value in format Qn is round(v * 2^n). */
 #pragma once
 #include "common.h"
+#include "limits.h"
 
 #define Q_ACT 16  /* activations, K/V cache, logits: s32 */
 #define Q_RES 32  /* the residual stream: s64, so that it keeps ~30 significant bits even when its
@@ -26,13 +27,24 @@ static __always_inline s64 rshr(s64 v, u32 sh)
 	return (v >> sh) + ((v >> (sh - 1)) & 1);
 }
 
-/* Saturate to the activation range. */
+/* Values clamped to their format since the programs were loaded: sat32 and sat_res count every
+ * clamp here, so that user space reports saturation instead of hiding it. A .bss global read
+ * through the skeleton; atomic because row-split runs of one program execute concurrently. Only
+ * the clamping branches touch it, so it costs nothing while values fit. */
+u64 saturations;
+#define COUNT_SATURATION() __sync_fetch_and_add(&saturations, 1)
+
+/* Saturate to the activation range (counted). */
 static __always_inline s32 sat32(s64 v)
 {
-	if (v > ACT_MAX)
+	if (v > ACT_MAX) {
+		COUNT_SATURATION();
 		return ACT_MAX;
-	if (v < -ACT_MAX)
+	}
+	if (v < -ACT_MAX) {
+		COUNT_SATURATION();
 		return -ACT_MAX;
+	}
 	return (s32)v;
 }
 
@@ -50,13 +62,17 @@ static __always_inline u64 nonzero(u64 v)
 	return (v | neg) >> 63;
 }
 
-/* Saturate to the residual range. */
+/* Saturate to the residual range (counted). */
 static __always_inline s64 sat_res(s64 v)
 {
-	if (v > RES_MAX)
+	if (v > RES_MAX) {
+		COUNT_SATURATION();
 		return RES_MAX;
-	if (v < -RES_MAX)
+	}
+	if (v < -RES_MAX) {
+		COUNT_SATURATION();
 		return -RES_MAX;
+	}
 	return v;
 }
 

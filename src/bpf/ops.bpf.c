@@ -21,9 +21,13 @@ struct {
 struct formats_args {
 	u32 q_act, q_w, q_norm, q_nrm, q_one, q_scale, exp2_bits, q_res, q_q, pad;
 	s64 log2e_q30, act_max, res_max;
+	/* limits.h */
+	u32 cols_max, q24_cols_align, swar_cols_align, w4_rows_align, w8_rows_align, norm_max;
+	u32 head_dim_max, pad2;
 };
 
-/* Reports fixed.h's constants, so that a test can compare them with src/fixed.rs. */
+/* Reports fixed.h's and limits.h's constants, so that a test can compare them with src/fixed.rs
+ * and src/limits.rs. */
 SEC("syscall")
 int formats(struct formats_args *a)
 {
@@ -39,6 +43,13 @@ int formats(struct formats_args *a)
 	a->q_res = Q_RES;
 	a->q_q = Q_Q;
 	a->res_max = RES_MAX;
+	a->cols_max = LIM_COLS_MAX;
+	a->q24_cols_align = LIM_Q24_COLS_ALIGN;
+	a->swar_cols_align = LIM_SWAR_COLS_ALIGN;
+	a->w4_rows_align = LIM_W4_ROWS_ALIGN;
+	a->w8_rows_align = LIM_W8_ROWS_ALIGN;
+	a->norm_max = LIM_NORM_MAX;
+	a->head_dim_max = LIM_HEAD_DIM_MAX;
 	return 0;
 }
 
@@ -88,7 +99,7 @@ static __noinline int rmsnorm_vec(u64 xa, u64 wa, u64 ya, u32 nqw, u64 eps_q64)
 	u64 maxabs = 0, ss = 0, v, r, inv;
 	u32 s = 0, e;
 
-	if (n == 0 || n > 16384)
+	if (n == 0 || n > LIM_NORM_MAX)
 		return 1;
 	FOR(i, 0, n) {
 		s64 xi = load_q32(xa, i, wide);
@@ -212,6 +223,13 @@ struct matvec_args {
 	u32 accumulate; /* 1: y (s64 Q32) += W x, the residual add, saturating; 0: y (s32 Q16) = W x */
 };
 
+/* Whether the Q24 row programs take k columns: the dot products below stop at LIM_COLS_MAX, so a
+ * wider k is refused rather than truncated. */
+static __always_inline int q24_cols_ok(u32 k)
+{
+	return k != 0 && k % LIM_Q24_COLS_ALIGN == 0 && k <= LIM_COLS_MAX;
+}
+
 /* sum_j w[j] * x[j] over k columns, Q24 x Q16 -> Q40, 8 columns per step. A global function:
  * the verifier checks it once, on its own, not at every call site. */
 __noinline s64 dot_q24(u64 wa, u64 xa, u32 k)
@@ -220,7 +238,7 @@ __noinline s64 dot_q24(u64 wa, u64 xa, u32 k)
 	const s32 __arena *x = ARENA_PTR(const s32, xa);
 	s64 acc = 0;
 
-	for (u32 b = 0; b < k / 8 && b < 2048; b++) {
+	for (u32 b = 0; b < k / LIM_Q24_COLS_ALIGN && b < LIM_COLS_MAX / LIM_Q24_COLS_ALIGN; b++) {
 #pragma unroll
 		for (int j = 0; j < 8; j++)
 			acc += (s64)w[j] * x[j];
@@ -271,7 +289,7 @@ __noinline s64 rows2_q24(u64 wa, u64 xa, u64 ya, u64 k_mode)
 	const s32 __arena *x = ARENA_PTR(const s32, xa);
 	s64 acc0 = 0, acc1 = 0, p0, p1;
 
-	for (u32 b = 0; b < k / 8 && b < 2048; b++) {
+	for (u32 b = 0; b < k / LIM_Q24_COLS_ALIGN && b < LIM_COLS_MAX / LIM_Q24_COLS_ALIGN; b++) {
 #pragma unroll
 		for (int j = 0; j < 8; j++) {
 			s64 xj = x[j];
@@ -320,6 +338,8 @@ int matvec(struct matvec_args *a)
 			     .flag = a->accumulate ? ROWS_RESIDUAL : ROWS_STORE };
 
 	USE_ARENA(arena);
+	if (!q24_cols_ok(a->k))
+		return 1;
 	return (int)bpf_loop((a->nrows + 1) / 2, rows_pair, &c, 0) < 0;
 }
 
@@ -351,6 +371,8 @@ int gate_up_swiglu(struct gate_up_args *a)
 			     .stride = (u64)a->k * 4, .k = a->k, .row0 = a->row0 };
 
 	USE_ARENA(arena);
+	if (!q24_cols_ok(a->k))
+		return 1;
 	return (int)bpf_loop(a->nrows, gate_up_row, &c, 0) < 0;
 }
 
@@ -398,6 +420,8 @@ int lm_head_argmax(struct lm_head_args *a)
 	long ret;
 
 	USE_ARENA(arena);
+	if (!q24_cols_ok(a->k))
+		return 1;
 	ret = bpf_loop((a->nrows + 1) / 2, rows_pair, &c, 0);
 	a->best = c.best;
 	a->best_val = c.best_val;
@@ -427,7 +451,7 @@ __noinline s64 dot_head(u64 qa, u64 ka, u32 hd)
 	const s32 __arena *k = ARENA_PTR(const s32, ka);
 	s64 dot = 0;
 
-	for (u32 d = 0; d < hd && d < 512; d++)
+	for (u32 d = 0; d < hd && d < LIM_HEAD_DIM_MAX; d++)
 		dot += (s64)q[d] * k[d];
 	return dot;
 }
@@ -438,7 +462,7 @@ __noinline int axpy_head(u64 acca, u64 va, s64 p, u32 hd)
 	s64 __arena *acc = ARENA_PTR(s64, acca);
 	const s32 __arena *v = ARENA_PTR(const s32, va);
 
-	for (u32 d = 0; d < hd && d < 512; d++)
+	for (u32 d = 0; d < hd && d < LIM_HEAD_DIM_MAX; d++)
 		acc[d] += p * v[d];
 	return 0;
 }
@@ -515,7 +539,7 @@ int attention(struct attention_args *a)
 	s32 __arena *vc = ARENA_PTR(s32, a->v_cache + (u64)a->pos * kvd * 4);
 
 	USE_ARENA(arena);
-	if (a->pos >= a->max_ctx || a->n_kv == 0 || a->n_q % a->n_kv || a->hd > 512)
+	if (a->pos >= a->max_ctx || a->n_kv == 0 || a->n_q % a->n_kv || a->hd > LIM_HEAD_DIM_MAX)
 		return 1;
 	FOR(i, 0, kvd) {
 		kc[i] = k[i];
@@ -531,3 +555,5 @@ int attention(struct attention_args *a)
 
 /* ------------------------------------------------------------------ int8 KV-cache attention */
 #include "kv8.bpf.h"
+
+_Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.bpf.h's head_dim bound is limits.h's");

@@ -41,9 +41,9 @@
  * times the largest output (outputs saturate at 2^15). */
 #pragma once
 
-#define SW_GROUP 32        /* columns per weight-scale group and per activation block */
+#define SW_GROUP LIM_SWAR_COLS_ALIGN /* columns per weight-scale group and activation block: 32 */
 #define SW_SCALE_SHIFT 24  /* weight scales are Q24 */
-#define SW_KMAX 16384      /* most columns */
+#define SW_KMAX LIM_COLS_MAX /* most columns: 16384 */
 #define SW_MODE_STORE 0
 #define SW_MODE_ACCUMULATE 1
 #define SW_MODE_ARGMAX 2

@@ -195,7 +195,18 @@ impl Ops {
         result
     }
 
-    /// The fixed-point constants compiled into the programs (see `src/bpf/fixed.h`).
+    /// Values the programs clamped to their fixed-point range since load (every `sat32` and
+    /// `sat_res` of `src/bpf/fixed.h` that fired): 0 means no value left its format.
+    pub fn saturations(&self) -> u64 {
+        match self.skel.maps.bss_data.as_deref() {
+            // SAFETY: a u64 in the mapped .bss that the programs update atomically; read once.
+            Some(bss) => unsafe { std::ptr::read_volatile(&bss.saturations) },
+            None => 0,
+        }
+    }
+
+    /// The fixed-point constants and size limits compiled into the programs (see
+    /// `src/bpf/fixed.h` and `src/bpf/limits.h`).
     pub fn formats(&mut self) -> Result<Formats> {
         let mut a = Formats::default();
         self.run("formats", &mut a)?;

@@ -1,0 +1,14 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* Every size bound of the kernels, in one table. Mirrored constant for constant in src/limits.rs,
+ * which checks a model's dimensions against them when it is opened (a typed error naming the
+ * dimension); the `formats` program reports them so that a test can check the two agree. */
+#pragma once
+
+#define LIM_COLS_MAX 16384   /* columns of one dot product: every matrix's width (the Q24 dot
+			      * and SWAR loops are bounded by it; hidden, q_dim, intermediate) */
+#define LIM_Q24_COLS_ALIGN 8 /* Q24 matvec: 8 columns per step */
+#define LIM_SWAR_COLS_ALIGN 32 /* SWAR matvec: groups of 32 columns */
+#define LIM_W4_ROWS_ALIGN 8  /* W4A8: rows in blocks of 8 */
+#define LIM_W8_ROWS_ALIGN 4  /* W8A16: rows in blocks of 4 (the LM head of both int stores) */
+#define LIM_NORM_MAX 16384   /* RMSNorm vector length (packed in 15 bits of rmsnorm_vec's nqw) */
+#define LIM_HEAD_DIM_MAX 512 /* attention's per-head loops and the int8 KV lane algebra */
