@@ -353,7 +353,7 @@ static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0
 		return 1;
 	/* 2. scores of both heads, their maxima, and the largest value step */
 	kv8_dots(qq, kc, kvd, wva, hd | (u64)npos << 32);
-	FOR(t, 0, npos) {
+	for (u32 t = 0; t < npos && can_loop; t++) {
 		u64 w = wv[t]; /* this pair's packed dot products, until step 4 */
 		u32 kstep = ks[(u64)t * n_kv], vstep = vs[(u64)t * n_kv];
 		s64 s0 = kv8_score(lane0(w), kstep, e0, scale);
@@ -378,7 +378,7 @@ static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0
 	inv1 = (1ULL << 62) / sum1;
 	invv = vmax ? (1ULL << 55) / vmax : 0;
 	/* 4. packed value weights W_t of both heads */
-	FOR(t, 0, npos) {
+	for (u32 t = 0; t < npos && can_loop; t++) {
 		u64 r = ((u64)vs[(u64)t * n_kv] * invv) >> 32;
 		u64 w0 = ((((u64)p0[t] * inv0) >> 32) * r) >> Q_ONE;
 		u64 w1 = two ? ((((u64)p1[t] * inv1) >> 32) * r) >> Q_ONE : 0;

@@ -468,14 +468,15 @@ __noinline int axpy_head(u64 acca, u64 va, s64 p, u32 hd)
 }
 
 /* exp(s_t - m) in Q30, in place over one head's npos scores (s32 Q16, m their maximum);
- * returns their sum. Shared by the Q16 and int8 KV attention. */
+ * returns their sum. Shared by the Q16 and int8 KV attention. npos <= max_ctx (at most the
+ * arena holds, ~10^5) stays far below the can_loop budget. */
 __noinline u64 softmax_exp(u64 pa, u64 tab_a, s64 m, u32 npos)
 {
 	u32 __arena *p = ARENA_PTR(u32, pa);
 	const u32 __arena *tab = ARENA_PTR(const u32, tab_a);
 	u64 sum = 0;
 
-	FOR(t, 0, npos) {
+	for (u32 t = 0; t < npos && can_loop; t++) {
 		u64 d = (u64)(m - (s64)(s32)p[t]);
 
 		if (d > ACT_MAX)
