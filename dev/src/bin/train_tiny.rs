@@ -2,7 +2,7 @@
 //! model with real, peaked logits (random-weight checkpoints give near-flat ones).
 //!
 //! ```text
-//! cargo run --release --example train_tiny -- --out DIR [--steps N] [--seed S]
+//! cargo run --release -p qwen_bpf_dev --bin train_tiny -- --out DIR [--steps N] [--seed S]
 //! ```
 //!
 //! The model is a byte-level language model (vocab_size 256, token id = byte value) with the exact
@@ -238,11 +238,22 @@ fn read_corpus() -> Res<Vec<u8>> {
     Ok(text)
 }
 
-/// Writes `bytes` to `path` via a temporary name and a rename.
+/// Writes `bytes` to `path` through a temporary file in the same directory renamed into place.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Res<()> {
-    let tmp = path.with_extension("tmp");
-    io(std::fs::write(&tmp, bytes), &tmp)?;
-    io(std::fs::rename(&tmp, path), path)
+    use std::io::Write;
+    let mut tmp = io(tempfile::NamedTempFile::new_in(dir_of(path)), path)?;
+    io(tmp.write_all(bytes), tmp.path())?;
+    tmp.persist(path)
+        .map_err(|e| format!("{}: {}", path.display(), e.error))?;
+    Ok(())
+}
+
+/// The directory `path` is in (`.` for a bare file name).
+fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
 }
 
 /// GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100 onwards.
