@@ -183,7 +183,10 @@ fn run(args: &Args) -> Result<()> {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let mut tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| Error::io(dir, e))?;
+    let mut tmp = tempfile::Builder::new()
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(dir, e))?;
     let elapsed = write_logits(backend.as_mut(), &args.tokens, vocab, &mut tmp)?;
     tmp.persist(&args.out)
         .map_err(|e| Error::io(&args.out, e.error))?;

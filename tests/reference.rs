@@ -4,14 +4,12 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::spread_tokens as tokens;
 use qwen_bpf::reference::Reference;
 use qwen_bpf::synth::{self, Preset, SynthOptions};
 use qwen_bpf::{Checkpoint, Error};
 
-/// Positions compared per checkpoint.
+/// Context length of the runs: the 16 tokens of `spread_tokens`.
 const SEQ_LEN: usize = 16;
 
 /// Tag of the shared `tiny` checkpoint (tied, seed 0).
@@ -119,9 +117,7 @@ fn non_finite_weights_are_reported() {
 #[test]
 #[ignore = "needs a full-size checkpoint in $QWEN_BPF_BENCH_MODEL (default /tmp/q06)"]
 fn full_shape_ms_per_token() {
-    let dir = std::env::var_os("QWEN_BPF_BENCH_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/tmp/q06".into());
+    let dir = common::full_size_model_dir();
     let ck = Checkpoint::open(&dir).expect("open the full-size checkpoint");
     let t0 = std::time::Instant::now();
     let mut r = Reference::new(&ck, 256).expect("load reference");

@@ -155,13 +155,11 @@ fn wide_heads_and_gqa4_match_candle() {
     compare_with_candle(&dir, "hd 32, gqa 4, untied", TOLERANCE);
 }
 
-/// The full Qwen3-0.6B shape against candle (not run by default; ~5 GB of RAM). Same checkpoint
-/// as `full_shape_ms_per_token` in `tests/reference.rs`. Prints the largest difference; asserts 1e-3 (28 layers).
+/// The full Qwen3-0.6B shape against candle (not run by default; ~5 GB of RAM), on
+/// [`common::full_size_model_dir`]. Prints the largest difference; asserts 1e-3 (28 layers).
 #[test]
 #[ignore = "needs a full-size checkpoint in $QWEN_BPF_BENCH_MODEL (default /tmp/q06)"]
 fn full_shape_matches_candle() {
-    let dir = std::env::var_os("QWEN_BPF_BENCH_MODEL")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/tmp/q06".into());
+    let dir = common::full_size_model_dir();
     compare_with_candle(&dir, "qwen3-0.6b shape", 1e-3);
 }

@@ -17,6 +17,10 @@ use std::sync::{Mutex, OnceLock};
 use qwen_bpf::synth::{self, Preset, SynthOptions};
 use qwen_bpf::Config;
 
+mod rng;
+#[allow(unused_imports)] // not every test uses it
+pub use rng::Rng;
+
 /// The workspace root (the directory holding `Cargo.lock`), from this package's or a member's
 /// manifest directory.
 pub fn workspace_root() -> &'static Path {
@@ -83,6 +87,14 @@ pub fn tiny_model_with_tokenizer(tag: &str) -> PathBuf {
         ..Default::default()
     };
     model_with(tag, &Preset::Tiny.config(), &opts)
+}
+
+/// The full-size checkpoint of the on-demand (`#[ignore]`d) tests: `$QWEN_BPF_BENCH_MODEL`, by
+/// default `/tmp/q06` (`cargo run --release --example synth -- --preset qwen3-0.6b --out DIR`).
+pub fn full_size_model_dir() -> PathBuf {
+    std::env::var_os("QWEN_BPF_BENCH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/tmp/q06".into())
 }
 
 /// A deterministic 16-token sequence spread over a vocabulary of `vocab` (≥ 2) ids: both ends, a
@@ -183,34 +195,4 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) {
     tmp.write_all(bytes).expect("writing a temporary file");
     tmp.persist(path)
         .unwrap_or_else(|e| panic!("renaming into {}: {e}", path.display()));
-}
-
-/// xorshift64*: deterministic test data for the twin tests.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `[-m, m]`.
-    pub fn sym(&mut self, m: i64) -> i64 {
-        (self.next() % (2 * m as u64 + 1)) as i64 - m
-    }
-    /// `n` values uniform in `[-m, m]` (m < 2^31).
-    pub fn vec(&mut self, n: usize, m: i64) -> Vec<i32> {
-        (0..n).map(|_| self.sym(m) as i32).collect()
-    }
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Roughly normal (a sum of four uniforms), standard deviation `sd`.
-    pub fn normal(&mut self, sd: f64) -> f64 {
-        let s: f64 = (0..4).map(|_| self.unit()).sum::<f64>() - 2.0;
-        s * sd * 3f64.sqrt()
-    }
 }
