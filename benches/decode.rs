@@ -29,6 +29,9 @@ use qwen_bpf::reference::{self, Reference};
 use qwen_bpf::{default_model, Backend, Checkpoint, Model, ModelOptions};
 use qwen_bpf::{fixed, swar};
 
+#[path = "../tests/common/rng.rs"]
+mod rng;
+
 /// The weight stores the decode group times, after the reference. A new store is one line here.
 const STORES: &[Backend] = &Backend::ALL;
 
@@ -96,18 +99,9 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
-/// xorshift64*: deterministic data, uniform in `[-m, m]`.
+/// Deterministic data, uniform in `[-m, m]`.
 fn random_vec(seed: u64, n: usize, m: i64) -> Vec<i32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            let r = s.wrapping_mul(0x2545_F491_4F6C_DD1D);
-            ((r % (2 * m as u64 + 1)) as i64 - m) as i32
-        })
-        .collect()
+    rng::Rng(seed).vec(n, m)
 }
 
 fn kernels(c: &mut Criterion) {

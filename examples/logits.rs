@@ -16,7 +16,6 @@
 //! The output is an f32 array of shape `[n_tokens, vocab]`; row `i` holds the logits after token
 //! `i` (i.e. the prediction for position `i + 1`).
 
-use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -185,20 +184,19 @@ fn run(args: &Args) -> Result<()> {
     }
     let mut backend = open_backend(args, &ckpt, max_context)?;
 
-    // Rows are streamed to a side file that replaces `out` only once every row is written, so a
-    // failure never leaves a truncated .npy under the requested name.
-    let mut partial = args.out.clone().into_os_string();
-    partial.push(".partial");
-    let partial = PathBuf::from(partial);
-    let result = write_logits(backend.as_mut(), &args.tokens, vocab, &partial);
-    let elapsed = match result {
-        Ok(elapsed) => elapsed,
-        Err(e) => {
-            let _ = std::fs::remove_file(&partial);
-            return Err(e);
-        }
+    // Rows are streamed to a temporary file beside `out` that replaces it only once every row is
+    // written (and is deleted on failure), so a failure never leaves a truncated .npy behind.
+    let dir = match args.out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
     };
-    std::fs::rename(&partial, &args.out).map_err(|e| Error::io(&args.out, e))?;
+    let mut tmp = tempfile::Builder::new()
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(dir, e))?;
+    let elapsed = write_logits(backend.as_mut(), &args.tokens, vocab, &mut tmp)?;
+    tmp.persist(&args.out)
+        .map_err(|e| Error::io(&args.out, e.error))?;
     if let Some(path) = &args.save_context {
         backend.save_context(path)?;
     }
@@ -214,20 +212,20 @@ fn run(args: &Args) -> Result<()> {
     Ok(())
 }
 
-/// Runs every token through `backend`, writing each row to `path`; returns the seconds spent in
+/// Runs every token through `backend`, writing each row to `file`; returns the seconds spent in
 /// the forward passes.
 fn write_logits(
     backend: &mut dyn Backend,
     tokens: &[u32],
     vocab: usize,
-    path: &Path,
+    file: &mut tempfile::NamedTempFile,
 ) -> Result<f64> {
-    let file = File::create(path).map_err(|e| Error::io(path, e))?;
-    let io = |e| Error::io(path, e);
+    let path = file.path().to_path_buf();
+    let io = |e| Error::io(&path, e);
     let mut npy = npyz::WriteOptions::new()
         .default_dtype()
         .shape(&[tokens.len() as u64, vocab as u64])
-        .writer(BufWriter::new(file))
+        .writer(BufWriter::new(file.as_file_mut()))
         .begin_nd()
         .map_err(io)?;
     let mut seconds = 0.0;

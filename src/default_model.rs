@@ -129,11 +129,6 @@ pub fn ensure_default_model(tokenizer: Option<&Path>, progress: bool) -> Result<
 
 /// Copies `from` to `to` through a temporary file in `to`'s directory and a rename.
 fn copy_atomically(from: &Path, to: &Path) -> Result<()> {
-    let dir = to.parent().unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".tokenizer.json.{}", std::process::id()));
-    std::fs::copy(from, &tmp).map_err(|e| Error::io(from, e))?;
-    std::fs::rename(&tmp, to).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(to, e)
-    })
+    let bytes = std::fs::read(from).map_err(|e| Error::io(from, e))?;
+    synth::write_atomic(to, &bytes)
 }

@@ -41,7 +41,6 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use half::bf16;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -238,23 +237,23 @@ fn styled_config(cfg: &Config, style: KeyStyle) -> Config {
     c
 }
 
-/// Writes `bytes` to a temporary sibling of `path`, then renames it over `path`.
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(
-        ".{name}.tmp-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::io(path, e)
-    })
+/// Writes `bytes` to a temporary file beside `path` (`tempfile`, mode 0644, deleted on failure),
+/// then renames it over `path`: a reader sees the old file or the whole new one.
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".tmp-")
+        .permissions(std::fs::Permissions::from_mode(0o644))
+        .tempfile_in(dir)
+        .map_err(|e| Error::io(dir, e))?;
+    tmp.write_all(bytes).map_err(|e| Error::io(tmp.path(), e))?;
+    tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
+    Ok(())
 }
 
 /// A tensor whose BF16 bytes are generated when `safetensors` asks for them.

@@ -606,7 +606,7 @@ fn generate_checks_everything_before_feeding() {
 
 #[test]
 fn text_streaming_matches_decoding_the_tokens() {
-    let dir = common::tiny_model("sampling-tiny");
+    let dir = common::tiny_model_with_tokenizer("sampling-text");
     let tok = Tokenizer::from_model_dir(&dir).unwrap();
     let mut m = open(&dir, 64);
     let opts = GenerateOptions::new(24).with_sampling(SamplingParams::new(1.0).with_seed(5));

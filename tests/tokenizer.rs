@@ -170,7 +170,8 @@ fn from_model_dir_reads_tokenizer_json() {
     assert_eq!(t.encode("Hello").unwrap(), [9707]);
 
     // A synthetic checkpoint directory carries a copy of the real tokenizer.
-    let t = Tokenizer::from_model_dir(&common::tiny_model("tokenizer-tiny")).unwrap();
+    let t =
+        Tokenizer::from_model_dir(&common::tiny_model_with_tokenizer("tokenizer-tiny")).unwrap();
     assert_eq!(t.encode("Hello").unwrap(), [9707]);
     assert_eq!(
         t.path(),

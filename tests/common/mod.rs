@@ -1,4 +1,6 @@
-//! Helpers shared by the integration tests: the real Qwen3 tokenizer and synthetic checkpoints.
+//! Helpers shared by the integration tests (this package's and, through `#[path]`, those of the
+//! `qwen_bpf_dev` member in `dev/`): synthetic checkpoints, the real Qwen3 tokenizer for the tests
+//! that need text, deterministic test data.
 //!
 //! Checkpoints are written under `CARGO_TARGET_TMPDIR/models/<tag>` at most once per test process
 //! and tag. A `synth.stamp` file records what was generated (a hash of `src/synth.rs`, the config
@@ -15,12 +17,26 @@ use std::sync::{Mutex, OnceLock};
 use qwen_bpf::synth::{self, Preset, SynthOptions};
 use qwen_bpf::Config;
 
-/// The real Qwen3 `tokenizer.json` (`../shared/qwen3-tokenizer/tokenizer.json`).
+mod rng;
+#[allow(unused_imports)] // not every test uses it
+pub use rng::Rng;
+
+/// The workspace root (the directory holding `Cargo.lock`), from this package's or a member's
+/// manifest directory.
+pub fn workspace_root() -> &'static Path {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.ancestors()
+        .find(|d| d.join("Cargo.lock").is_file())
+        .unwrap_or(here)
+}
+
+/// The real Qwen3 `tokenizer.json` (`../shared/qwen3-tokenizer/tokenizer.json` beside the
+/// workspace root). Only tests that turn text into ids or back need it.
 pub fn tokenizer_path() -> PathBuf {
-    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tokenizer/tokenizer.json");
+    let p = workspace_root().join("../shared/qwen3-tokenizer/tokenizer.json");
     assert!(
         p.is_file(),
-        "the Qwen3 tokenizer is missing: expected {} (the tests need the real tokenizer.json)",
+        "the Qwen3 tokenizer is missing: expected {} (the text tests need the real tokenizer.json)",
         p.display()
     );
     p
@@ -58,13 +74,39 @@ pub fn model_dir(tag: &str) -> PathBuf {
         .join(tag)
 }
 
-/// The `tiny` preset (tied embeddings, seed 0, transformers-4 keys) with the real tokenizer.
+/// The `tiny` preset (tied embeddings, seed 0, transformers-4 keys), without a tokenizer: for
+/// tests that feed token ids.
 pub fn tiny_model(tag: &str) -> PathBuf {
+    model_with(tag, &Preset::Tiny.config(), &SynthOptions::default())
+}
+
+/// [`tiny_model`] with the real Qwen3 `tokenizer.json` ([`tokenizer_path`]): for tests of text.
+pub fn tiny_model_with_tokenizer(tag: &str) -> PathBuf {
     let opts = SynthOptions {
         tokenizer: Some(tokenizer_path()),
         ..Default::default()
     };
     model_with(tag, &Preset::Tiny.config(), &opts)
+}
+
+/// The full-size checkpoint of the on-demand (`#[ignore]`d) tests: `$QWEN_BPF_BENCH_MODEL`, by
+/// default `/tmp/q06` (`cargo run --release --example synth -- --preset qwen3-0.6b --out DIR`).
+pub fn full_size_model_dir() -> PathBuf {
+    std::env::var_os("QWEN_BPF_BENCH_MODEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/tmp/q06".into())
+}
+
+/// A deterministic 16-token sequence spread over a vocabulary of `vocab` (≥ 2) ids: both ends, a
+/// repeat (identical keys at two positions), and ids from a multiplicative hash.
+pub fn spread_tokens(vocab: usize) -> Vec<u32> {
+    let mut t: Vec<u32> = (0..16u64)
+        .map(|i| ((i.wrapping_mul(2_654_435_761).wrapping_add(12_345)) % vocab as u64) as u32)
+        .collect();
+    t[0] = 0;
+    t[5] = vocab as u32 - 1;
+    t[9] = t[3];
+    t
 }
 
 /// A checkpoint for `cfg` and `opts` (`opts.progress` is ignored) in `model_dir(tag)`, written once
@@ -98,11 +140,13 @@ pub fn model_with(tag: &str, cfg: &Config, opts: &SynthOptions) -> PathBuf {
     if !(complete && current == Some(stamp)) {
         // A stale stamp must not survive a crash half-way through the rewrite.
         let _ = std::fs::remove_file(&stamp_path);
+        if opts.tokenizer.is_none() {
+            // Left by an earlier run with a tokenizer: the checkpoint must not have one now.
+            let _ = std::fs::remove_file(dir.join("tokenizer.json"));
+        }
         synth::write_checkpoint(&dir, cfg, &opts)
             .unwrap_or_else(|e| panic!("writing the synthetic checkpoint {}: {e}", dir.display()));
-        let tmp = dir.join(format!(".synth.stamp.{}", std::process::id()));
-        std::fs::write(&tmp, format!("{stamp}\n")).expect("writing synth.stamp");
-        std::fs::rename(&tmp, &stamp_path).expect("renaming synth.stamp");
+        write_atomic(&stamp_path, format!("{stamp}\n").as_bytes());
     }
     done.insert(tag.to_string(), stamp);
     dir
@@ -132,37 +176,23 @@ fn stamp_of(cfg: &Config, opts: &SynthOptions) -> u64 {
         opts.key_style,
         tokenizer,
     );
-    text.bytes().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
+    fnv1a(text.bytes())
+}
+
+/// 64-bit FNV-1a of `bytes`: a stable fingerprint (not a checksum against tampering).
+pub fn fnv1a(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xCBF2_9CE4_8422_2325u64, |h, b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01B3)
     })
 }
 
-/// xorshift64*: deterministic test data for the twin tests.
-pub struct Rng(pub u64);
-
-impl Rng {
-    /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    /// Uniform in `[-m, m]`.
-    pub fn sym(&mut self, m: i64) -> i64 {
-        (self.next() % (2 * m as u64 + 1)) as i64 - m
-    }
-    /// `n` values uniform in `[-m, m]` (m < 2^31).
-    pub fn vec(&mut self, n: usize, m: i64) -> Vec<i32> {
-        (0..n).map(|_| self.sym(m) as i32).collect()
-    }
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Roughly normal (a sum of four uniforms), standard deviation `sd`.
-    pub fn normal(&mut self, sd: f64) -> f64 {
-        let s: f64 = (0..4).map(|_| self.unit()).sum::<f64>() - 2.0;
-        s * sd * 3f64.sqrt()
-    }
+/// Writes `bytes` to `path` through a temporary file in the same directory renamed into place
+/// (`tempfile`), so a reader sees the old file or the whole new one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    let dir = path.parent().expect("a file path");
+    let mut tmp = tempfile::NamedTempFile::new_in(dir).expect("creating a temporary file");
+    tmp.write_all(bytes).expect("writing a temporary file");
+    tmp.persist(path)
+        .unwrap_or_else(|e| panic!("renaming into {}: {e}", path.display()));
 }

@@ -1,10 +1,11 @@
 //! The low-bit stores on a genuinely trained checkpoint. Random-weight checkpoints have near-flat
 //! logits that a 1 % weight error already reorders (README, "Accuracy"), so whether INT4 is usable
-//! can only be judged on a model that has learned something: this test trains one with the
-//! `train_tiny` example (a byte-level Qwen3, 4 layers, hidden 256, 200 steps on
+//! can only be judged on a model that has learned something: this test trains one with this
+//! crate's `train_tiny` binary (a byte-level Qwen3, 4 layers, hidden 256, 200 steps on
 //! /usr/share/common-licenses: ~2.5 minutes on 2 cores), then compares every BPF store's logits
 //! with the f32 reference over 128 bytes of English text.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::Command;
@@ -32,7 +33,7 @@ fn agreement(want: &[Vec<f32>], got: &[Vec<f32>]) -> (f64, usize) {
 fn low_bit_stores_stay_close_to_the_reference_on_a_trained_model() {
     let dir = common::scratch_dir();
     let model = dir.path().join("model");
-    let o = Command::new(common::example_bin("train_tiny"))
+    let o = Command::new(env!("CARGO_BIN_EXE_train_tiny"))
         .args(["--steps", "200", "--out"])
         .arg(&model)
         .output()

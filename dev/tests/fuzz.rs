@@ -6,6 +6,7 @@
 //! seconds. Failures are not persisted to disk: a crashing input found here is kept as an
 //! explicit regression test at the end of this file.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! model with real, peaked logits (random-weight checkpoints give near-flat ones).
 //!
 //! ```text
-//! cargo run --release --example train_tiny -- --out DIR [--steps N] [--seed S]
+//! cargo run --release -p qwen_bpf_dev --bin train_tiny -- --out DIR [--steps N] [--seed S]
 //! ```
 //!
 //! The model is a byte-level language model (vocab_size 256, token id = byte value) with the exact
@@ -51,25 +51,13 @@ struct Args {
     seed: u64,
 }
 
-/// xorshift64*: a tiny deterministic RNG for the initial weights and the batch offsets.
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn uniform(&mut self) -> f64 {
-        ((self.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64 // (0, 1)
-    }
-    fn normal(&mut self) -> f64 {
-        // Box-Muller
-        (-2.0 * self.uniform().ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()
-    }
+#[path = "../../../tests/common/rng.rs"]
+mod rng;
+use rng::Rng;
+
+/// The generator of the initial weights and the batch offsets for `seed`.
+fn seeded(seed: u64) -> Rng {
+    Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
 }
 
 /// The model config, in the HF Qwen3 `config.json` style: the tiny synthetic preset's (tied
@@ -238,11 +226,22 @@ fn read_corpus() -> Res<Vec<u8>> {
     Ok(text)
 }
 
-/// Writes `bytes` to `path` via a temporary name and a rename.
+/// Writes `bytes` to `path` through a temporary file in the same directory renamed into place.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Res<()> {
-    let tmp = path.with_extension("tmp");
-    io(std::fs::write(&tmp, bytes), &tmp)?;
-    io(std::fs::rename(&tmp, path), path)
+    use std::io::Write;
+    let mut tmp = io(tempfile::NamedTempFile::new_in(dir_of(path)), path)?;
+    io(tmp.write_all(bytes), tmp.path())?;
+    tmp.persist(path)
+        .map_err(|e| format!("{}: {}", path.display(), e.error))?;
+    Ok(())
+}
+
+/// The directory `path` is in (`.` for a bare file name).
+fn dir_of(path: &Path) -> &Path {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    }
 }
 
 /// GPT-2's bytes_to_unicode: printable bytes map to themselves, the rest to U+0100 onwards.
@@ -312,7 +311,7 @@ fn pick(logits: &[f32], temperature: f32, target: u8, rng: &mut Rng) -> (u8, f64
             .map(|&z| ((z - max) / temperature) as f64)
             .collect();
         let p: Vec<f64> = p.into_iter().map(f64::exp).collect();
-        let mut u = rng.uniform() * p.iter().sum::<f64>();
+        let mut u = rng.open_unit() * p.iter().sum::<f64>();
         for (i, &pi) in p.iter().enumerate() {
             u -= pi;
             if u <= 0.0 {
@@ -335,14 +334,14 @@ fn run(args: &Args) -> Res<()> {
 
     // Parameters: HF init, normal(0, 0.02) for the embedding and linears, ones for norms (which
     // get no weight decay).
-    let mut rng = Rng::new(args.seed);
+    let mut rng = seeded(args.seed);
     let (mut decay, mut no_decay, mut vars) = (Vec::new(), Vec::new(), Vec::new());
     for (name, shape) in tensor_specs(&cfg) {
         let n = shape.iter().product();
         let var = if shape.len() == 1 {
             Var::ones(n, DType::F32, &dev)?
         } else {
-            let v: Vec<f32> = (0..n).map(|_| (rng.normal() * 0.02) as f32).collect();
+            let v: Vec<f32> = (0..n).map(|_| (rng.gaussian() * 0.02) as f32).collect();
             Var::from_tensor(&Tensor::from_vec(v, shape.as_slice(), &dev)?)?
         };
         let group = if shape.len() == 1 {
@@ -388,7 +387,7 @@ fn run(args: &Args) -> Res<()> {
         opt_norms.set_learning_rate(lr);
         // A batch of random windows of the training text.                        [BATCH, SEQ+1]
         let offsets: Vec<usize> = (0..BATCH)
-            .map(|_| (rng.next_u64() % (train.len() - SEQ) as u64) as usize)
+            .map(|_| (rng.next() % (train.len() - SEQ) as u64) as usize)
             .collect();
         let seqs: Vec<&[u8]> = offsets.iter().map(|&o| &train[o..o + SEQ + 1]).collect();
         let loss_t = loss(&cfg, &weights(), &seqs, &dev)?;
