@@ -3,8 +3,8 @@
 
 mod common;
 
-use qwen_bpf::reference::Reference;
 use qwen_bpf::twin::TwinModel;
+use qwen_bpf::Reference;
 use qwen_bpf::{Checkpoint, Error, Model, ModelOptions};
 
 const TOKENS: [u32; 16] = [
@@ -43,7 +43,7 @@ fn bpf_forward_equals_twin_bit_for_bit_and_counts_runs() {
     let layers = m.config().num_hidden_layers as u64;
     for (i, &t) in TOKENS.iter().enumerate() {
         let before = m.bpf_runs();
-        let got = m.forward_fixed(t).unwrap();
+        let got = m.forward_fixed(t).unwrap().to_vec();
         assert_eq!(
             m.bpf_runs() - before,
             8 * layers + 3,
@@ -73,7 +73,7 @@ fn bpf_forward_is_within_bounds_of_the_f32_reference() {
     let mut r = Reference::new(&Checkpoint::open(&dir).unwrap(), 32).unwrap();
     let (mut sum, mut n, mut worst) = (0f64, 0usize, 0f32);
     for (i, &t) in TOKENS.iter().enumerate() {
-        let got = m.forward(t).unwrap();
+        let got = m.forward(t).unwrap().to_vec();
         let want = r.forward(t).unwrap();
         let max = got
             .iter()
@@ -189,7 +189,7 @@ fn model_is_send_and_runs_on_another_thread() {
     let dir = common::tiny_model("model-tiny");
     let mut m = open(&dir, 8);
     assert_send(&m);
-    let first = m.forward_fixed(TOKENS[0]).unwrap();
+    let first = m.forward_fixed(TOKENS[0]).unwrap().to_vec();
     let mut m = std::thread::spawn(move || {
         m.reset();
         assert_eq!(

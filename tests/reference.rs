@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::qwen3;
-use qwen_bpf::reference::Reference;
 use qwen_bpf::synth::{self, KeyStyle, Preset, SynthOptions};
+use qwen_bpf::Reference;
 use qwen_bpf::{Checkpoint, Config, Error};
 
 /// Largest |reference − candle| allowed on any logit.
