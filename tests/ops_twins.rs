@@ -491,3 +491,43 @@ fn odd_row_counts_and_ranges_match_twin() {
         );
     }
 }
+
+/// The real BPF arena refuses, with a typed error, every view that would be an invalid
+/// reference: a sub-region past its region's end, a view misaligned for its element type, a
+/// length that is not a whole number of elements, and a region past the mapping.
+#[test]
+fn arena_views_refuse_misaligned_and_out_of_bounds_regions() {
+    use qwen_bpf::Error;
+    let mut o = ops();
+    let r = o.arena.alloc(64, "test").unwrap();
+    let refused = |e: Result<Region, Error>| matches!(e, Err(Error::ArenaView(_)));
+    assert!(refused(r.sub(60, 8)), "sub past the end");
+    assert!(
+        refused(r.sub(usize::MAX, 1)),
+        "sub with an overflowing offset"
+    );
+    let odd = r.sub(2, 8).unwrap();
+    assert!(matches!(
+        o.arena.slice::<i32>(odd),
+        Err(Error::ArenaView(_))
+    ));
+    assert!(matches!(
+        o.arena.slice_mut::<i64>(odd),
+        Err(Error::ArenaView(_))
+    ));
+    assert_eq!(
+        o.arena.slice::<u16>(odd).unwrap().len(),
+        4,
+        "aligned for u16"
+    );
+    let ragged = r.sub(0, 6).unwrap();
+    assert!(matches!(
+        o.arena.slice::<u32>(ragged),
+        Err(Error::ArenaView(_))
+    ));
+    // Every region of this arena ends inside it; one of a larger arena may not.
+    let mut big = Ops::load(128 << 20).unwrap();
+    let far = big.arena.reserve(100 << 20, "far").unwrap();
+    assert!(matches!(o.arena.slice::<u8>(far), Err(Error::ArenaView(_))));
+    assert!(big.arena.slice_mut::<u8>(far.sub(0, 8).unwrap()).is_ok());
+}
