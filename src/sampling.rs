@@ -174,6 +174,7 @@ impl SamplingParams {
 
 /// One token of the distribution a [`Sampler`] draws from.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Candidate {
     /// The token id (the index of its logit).
     pub id: u32,
