@@ -26,8 +26,8 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::reference::{self, Reference};
-use qwen_bpf::{default_model, Backend, Checkpoint, Model, ModelOptions};
 use qwen_bpf::{fixed, swar};
+use qwen_bpf::{Backend, Checkpoint, Model, ModelOptions};
 
 #[path = "../tests/common/rng.rs"]
 mod rng;
@@ -47,7 +47,7 @@ const SHAPES: [(usize, usize); 3] = [(1024, 1024), (3072, 1024), (1024, 3072)];
 fn model_dir() -> PathBuf {
     match std::env::var_os("QWEN_BPF_BENCH_MODEL") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => default_model::ensure_default_model(None, true).expect("generating the default model"),
+        _ => qwen_bpf::ensure_default_model(None, true).expect("generating the default model"),
     }
 }
 
@@ -120,7 +120,7 @@ fn kernels(c: &mut Criterion) {
         let x = random_vec(2 * i as u64 + 2, cols, 1 << 18);
         let put = |ops: &mut Ops, data: &[i32], what: &str| -> Region {
             let r = ops.arena.alloc(data.len() * 4, what).expect("arena space");
-            ops.arena.slice_mut::<i32>(r).copy_from_slice(data);
+            ops.arena.slice_mut::<i32>(r).unwrap().copy_from_slice(data);
             r
         };
         let (rw, rx) = (put(&mut ops, &w, "W"), put(&mut ops, &x, "x"));
@@ -142,7 +142,7 @@ fn kernels(c: &mut Criterion) {
         ops.matvec(rw, rx, ry, cols, 0..rows, false)
             .expect("BPF matvec");
         assert_eq!(
-            ops.arena.slice::<i32>(ry),
+            ops.arena.slice::<i32>(ry).unwrap(),
             &want[..],
             "{shape}: BPF matvec differs from its twin"
         );
@@ -181,7 +181,7 @@ fn kernels(c: &mut Criterion) {
         ops.w4a8_matvec(&r4, &x8, ry, 0..rows, false)
             .expect("BPF w4a8");
         assert_eq!(
-            ops.arena.slice::<i32>(ry),
+            ops.arena.slice::<i32>(ry).unwrap(),
             &want[..],
             "{shape}: BPF w4a8 differs from its twin"
         );
@@ -200,7 +200,7 @@ fn kernels(c: &mut Criterion) {
         ops.w8a16_matvec(&r8, &x16, ry, 0..rows, false)
             .expect("BPF w8a16");
         assert_eq!(
-            ops.arena.slice::<i32>(ry),
+            ops.arena.slice::<i32>(ry).unwrap(),
             &want[..],
             "{shape}: BPF w8a16 differs from its twin"
         );

@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use qwen_bpf::{default_model, Backend, Checkpoint, KvFormat, Model, ModelOptions};
+use qwen_bpf::{Backend, Checkpoint, KvFormat, Model, ModelOptions};
 
 /// The first token fed (" The").
 const FIRST_TOKEN: u32 = 785;
@@ -25,7 +25,7 @@ const FIRST_TOKEN: u32 = 785;
 fn model_dir() -> PathBuf {
     match std::env::var_os("QWEN_BPF_BENCH_MODEL") {
         Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => default_model::ensure_default_model(None, true).expect("generating the default model"),
+        _ => qwen_bpf::ensure_default_model(None, true).expect("generating the default model"),
     }
 }
 

@@ -93,7 +93,7 @@ impl Engine for Reference {
 
 impl Engine for Model {
     fn logits(&mut self, token: u32) -> Result<Vec<f32>> {
-        self.forward(token)
+        Ok(self.forward(token)?.to_vec())
     }
     fn next_token(&mut self, token: u32) -> Result<u32> {
         Model::next_token(self, token)

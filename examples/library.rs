@@ -8,8 +8,7 @@
 
 use std::path::PathBuf;
 
-use qwen_bpf::tokenizer::Tokenizer;
-use qwen_bpf::{GenerateOptions, Model, ModelOptions, SamplingParams};
+use qwen_bpf::{GenerateOptions, Model, ModelOptions, SamplingParams, Tokenizer};
 
 fn main() -> qwen_bpf::Result<()> {
     // A Hugging Face directory: config.json, model.safetensors, tokenizer.json.

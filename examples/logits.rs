@@ -25,12 +25,12 @@ mod common;
 
 use clap::Parser;
 use npyz::WriterBuilder;
-use qwen_bpf::{Checkpoint, Error, KvFormat, Model, ModelOptions, Result};
+use qwen_bpf::{Checkpoint, Error, Forward, KvFormat, Model, ModelOptions, Reference, Result};
 
 /// Which engine computes the logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum BackendKind {
-    /// The f32 reference forward pass (`qwen_bpf::reference`).
+    /// The f32 reference forward pass (`qwen_bpf::Reference`).
     Reference,
     /// The BPF engine with this weight store.
     Bpf(qwen_bpf::Backend),
@@ -89,9 +89,8 @@ struct Args {
     save_context: Option<PathBuf>,
 }
 
-/// One token in, one row of logits out.
-trait Backend {
-    fn forward(&mut self, token: u32) -> Result<Vec<f32>>;
+/// One token in, one row of logits out ([`Forward`]), and the context saved at the end.
+trait Backend: Forward {
     fn save_context(&self, path: &Path) -> Result<()>;
     /// Values clamped to their fixed-point range (0 for the f32 reference).
     fn saturations(&self) -> u64 {
@@ -99,19 +98,13 @@ trait Backend {
     }
 }
 
-impl Backend for qwen_bpf::reference::Reference {
-    fn forward(&mut self, token: u32) -> Result<Vec<f32>> {
-        qwen_bpf::reference::Reference::forward(self, token)
-    }
+impl Backend for Reference {
     fn save_context(&self, _: &Path) -> Result<()> {
         Err(Error::Invalid("--save-context needs a BPF backend".into()))
     }
 }
 
 impl Backend for Model {
-    fn forward(&mut self, token: u32) -> Result<Vec<f32>> {
-        Model::forward(self, token)
-    }
     fn save_context(&self, path: &Path) -> Result<()> {
         Model::save_context(self, path)
     }
@@ -129,7 +122,7 @@ fn open_backend<'a>(
         BackendKind::Reference if args.load_context.is_some() => {
             return Err(Error::Invalid("--load-context needs a BPF backend".into()))
         }
-        BackendKind::Reference => Box::new(qwen_bpf::reference::Reference::new(ckpt, max_context)?),
+        BackendKind::Reference => Box::new(Reference::new(ckpt, max_context)?),
         BackendKind::Bpf(backend) => {
             let opts = ModelOptions {
                 backend,
@@ -161,7 +154,7 @@ fn run(args: &Args) -> Result<()> {
         return Err(Error::EmptyPrompt);
     }
     let saved = match &args.load_context {
-        Some(path) => qwen_bpf::kv::saved_position(path)?,
+        Some(path) => qwen_bpf::saved_position(path)?,
         None => 0,
     };
     let max_context = args.max_context.unwrap_or(saved + n);

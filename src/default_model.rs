@@ -49,24 +49,15 @@ pub fn default_model_dir() -> PathBuf {
     cache_root().join(DIR_NAME)
 }
 
-/// Where a Qwen3 `tokenizer.json` is looked for when none is given: `../shared/qwen3-tokenizer/
-/// tokenizer.json` relative to the crate's source directory (as compiled) and to the current
-/// directory, in that order.
-pub fn tokenizer_candidates() -> Vec<PathBuf> {
-    let rel = Path::new("..")
-        .join("shared")
-        .join("qwen3-tokenizer")
-        .join("tokenizer.json");
-    let mut v = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join(&rel)];
-    if let Ok(cwd) = std::env::current_dir() {
-        v.push(cwd.join(&rel));
-    }
-    v
-}
+/// The environment variable naming a Qwen3 `tokenizer.json` for the default model when
+/// [`ensure_default_model`] is given none.
+pub const TOKENIZER_ENV: &str = "QWEN_BPF_TOKENIZER";
 
-/// The first existing file of [`tokenizer_candidates`], if any.
-pub fn find_tokenizer() -> Option<PathBuf> {
-    tokenizer_candidates().into_iter().find(|p| p.is_file())
+/// The tokenizer named by `$QWEN_BPF_TOKENIZER` ([`TOKENIZER_ENV`]), if set and not empty.
+fn tokenizer_from_env() -> Option<PathBuf> {
+    std::env::var_os(TOKENIZER_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
 }
 
 /// Returns the default model's directory, generating the synthetic Qwen3-0.6B checkpoint (preset
@@ -74,15 +65,20 @@ pub fn find_tokenizer() -> Option<PathBuf> {
 /// [`Checkpoint::open`] accepts). An existing checkpoint is reused untouched, so weight caches
 /// keyed on its files stay valid.
 ///
-/// The tokenizer copied in as `tokenizer.json` is `tokenizer` when given, else
-/// [`find_tokenizer`]'s. A given `tokenizer` also replaces the copy in an existing directory; a
-/// found one is only added where there is none. Without any tokenizer the model still works on
-/// token ids: callers cannot encode or decode text (and are told so on stderr when `progress`).
+/// The tokenizer copied in as `tokenizer.json` is `tokenizer` when given, else the file named
+/// by `$QWEN_BPF_TOKENIZER` ([`TOKENIZER_ENV`]) if that is set. A given `tokenizer` also replaces
+/// the copy in an existing directory; one from the environment is only added where there is
+/// none. A tokenizer file that does not exist is [`Error::Io`]. Without any tokenizer the model
+/// still works on token ids: callers cannot encode or decode text (a warning is logged).
 ///
-/// With `progress`, says on stderr what it does and shows a progress bar while generating.
+/// What it does is logged (target `qwen_bpf`); `progress` shows a progress bar on stderr while
+/// generating.
 pub fn ensure_default_model(tokenizer: Option<&Path>, progress: bool) -> Result<PathBuf> {
     let dir = default_model_dir();
-    if let Some(t) = tokenizer {
+    let from_env = tokenizer_from_env();
+    let given = tokenizer.map(Path::to_path_buf);
+    let found = given.clone().or(from_env);
+    if let Some(t) = &found {
         if !t.is_file() {
             return Err(Error::io(
                 t,
@@ -90,21 +86,18 @@ pub fn ensure_default_model(tokenizer: Option<&Path>, progress: bool) -> Result<
             ));
         }
     }
-    let found = tokenizer.map(Path::to_path_buf).or_else(find_tokenizer);
     let dest = dir.join("tokenizer.json");
     if Checkpoint::open(&dir).is_ok() {
-        match (tokenizer, &found) {
+        match (&given, &found) {
             (Some(t), _) => copy_atomically(t, &dest)?,
             (None, Some(t)) if !dest.is_file() => copy_atomically(t, &dest)?,
             _ => {}
         }
     } else {
-        if progress {
-            eprintln!(
-                "qwen_bpf: generating the default model (synthetic Qwen3-0.6B shapes, random weights, seed {SEED}) in {} (1.2 GB, once)",
-                dir.display()
-            );
-        }
+        log::info!(
+            "generating the default model (synthetic Qwen3-0.6B shapes, random weights, seed {SEED}) in {} (1.2 GB, once)",
+            dir.display()
+        );
         let opts = SynthOptions {
             seed: SEED,
             tokenizer: found.clone(),
@@ -113,15 +106,11 @@ pub fn ensure_default_model(tokenizer: Option<&Path>, progress: bool) -> Result<
         };
         synth::write_checkpoint(&dir, &Preset::Qwen3_0_6B.config(), &opts)?;
     }
-    if progress && !dest.is_file() {
-        let looked: Vec<String> = tokenizer_candidates()
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect();
-        eprintln!(
-            "qwen_bpf: no tokenizer.json for the default model (looked for {}): the model works on token ids \
-             only; text cannot be encoded or decoded",
-            looked.join(", ")
+    if !dest.is_file() {
+        log::warn!(
+            "no tokenizer.json for the default model in {} (give one, or set ${TOKENIZER_ENV}): \
+             the model works on token ids only; text cannot be encoded or decoded",
+            dir.display()
         );
     }
     Ok(dir)

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong in `qwen_bpf`.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A file could not be read or written.
     #[error("{path}: {source}")]
@@ -195,6 +196,10 @@ pub enum Error {
         /// The values accepted.
         expected: &'static str,
     },
+    /// A view of the BPF arena that would lie outside its region or the mapping, or be misaligned
+    /// for its element type: refused instead of creating an invalid reference.
+    #[error("arena view refused: {0}")]
+    ArenaView(String),
 }
 
 /// `Result` with the crate's [`Error`].

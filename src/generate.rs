@@ -2,8 +2,7 @@
 //! [`SamplingParams`], as a [`Generation`] iterator; [`Generation::text`] turns it into text.
 //!
 //! ```no_run
-//! use qwen_bpf::tokenizer::Tokenizer;
-//! use qwen_bpf::{GenerateOptions, Model, ModelOptions, SamplingParams};
+//! use qwen_bpf::{GenerateOptions, Model, ModelOptions, SamplingParams, Tokenizer};
 //!
 //! # fn main() -> qwen_bpf::Result<()> {
 //! let dir = std::path::Path::new("/path/to/Qwen3-0.6B");
@@ -166,8 +165,7 @@ impl Model {
         } else {
             let mut sampler = Sampler::new(sampling)?;
             sampler.accept_all(prompt);
-            let logits = self.prefill(prompt)?;
-            let first = sampler.sample(&logits)?;
+            let first = sampler.sample(self.prefill(prompt)?)?;
             (Some(sampler), first)
         };
         Ok(Generation {
@@ -232,7 +230,7 @@ impl<'m> Generation<'m> {
             None => self.model.next_token(token),
             Some(sampler) => {
                 let logits = self.model.forward(token)?;
-                sampler.sample(&logits)
+                sampler.sample(logits)
             }
         }
     }

@@ -147,19 +147,20 @@ impl KvCache {
     }
 
     /// Fills positions `have..to` of every array with copies of positions `0..have` (committed).
-    pub fn repeat_rows(&self, arena: &mut Arena, have: usize, to: usize) {
+    pub fn repeat_rows(&self, arena: &mut Arena, have: usize, to: usize) -> Result<()> {
         for arrays in &self.layers {
             for (&r, &row) in arrays.iter().zip(&self.row_bytes) {
-                let bytes = arena.slice_mut::<u8>(r.sub(0, to * row));
+                let bytes = arena.slice_mut::<u8>(r.sub(0, to * row)?)?;
                 for p in have..to {
                     bytes.copy_within((p % have) * row..(p % have + 1) * row, p * row);
                 }
             }
         }
+        Ok(())
     }
 
     /// The byte prefixes holding positions `0..n`, in file order (layer by layer, array by array).
-    fn prefixes(&self, n: usize) -> impl Iterator<Item = Region> + '_ {
+    fn prefixes(&self, n: usize) -> impl Iterator<Item = Result<Region>> + '_ {
         self.layers.iter().flat_map(move |arrays| {
             arrays
                 .iter()
@@ -257,8 +258,8 @@ pub(crate) fn save(
 ) -> Result<()> {
     let parts: Vec<&[u8]> = kv
         .prefixes(header.position)
-        .map(|r| arena.slice::<u8>(r))
-        .collect();
+        .map(|r| arena.slice::<u8>(r?))
+        .collect::<Result<_>>()?;
     header.payload_bytes = parts.iter().map(|p| p.len()).sum();
     header.checksum = header_checksum(&header, &parts)?;
     let hbytes = serde_json::to_vec(&header).map_err(|e| Error::Invalid(e.to_string()))?;
@@ -336,7 +337,7 @@ pub(crate) fn load_into(
     position: usize,
     payload: &[u8],
 ) -> Result<()> {
-    let regions: Vec<Region> = kv.prefixes(position).collect();
+    let regions: Vec<Region> = kv.prefixes(position).collect::<Result<_>>()?;
     if regions.iter().map(|r| r.len).sum::<usize>() != payload.len() {
         return Err(context_error(
             path,
@@ -347,7 +348,7 @@ pub(crate) fn load_into(
     let mut at = 0;
     for r in regions {
         arena
-            .slice_mut::<u8>(r)
+            .slice_mut::<u8>(r)?
             .copy_from_slice(&payload[at..at + r.len]);
         at += r.len;
     }

@@ -4,39 +4,91 @@
 //! programs do every matrix product, norm, RoPE rotation, attention step and the final argmax in
 //! fixed-point integers; Rust does the tokenizer, weight loading and conversion, and scheduling.
 //!
-//! Layout: [`config`] and [`checkpoint`] read Hugging Face directories, [`synth`] writes synthetic
-//! ones, [`mod@reference`] is the f32 ground truth, [`tokenizer`] wraps `tokenizers`, [`kernel`] is the
-//! BPF side. [`Model::generate`] ([`mod@generate`]) streams generated tokens, chosen greedily or by
-//! [`sampling`].
+//! ```no_run
+//! use qwen_bpf::{GenerateOptions, Model, ModelOptions, SamplingParams, Tokenizer};
+//!
+//! # fn main() -> qwen_bpf::Result<()> {
+//! let dir = std::path::Path::new("/path/to/Qwen3-0.6B");
+//! let tok = Tokenizer::from_model_dir(dir)?;
+//! let mut model = Model::open(dir, &ModelOptions::default().with_max_context(256))?;
+//! let opts = GenerateOptions::new(64)
+//!     .with_stop_tokens(tok.eos_ids())
+//!     .with_sampling(SamplingParams::new(0.7).with_top_p(0.9).with_seed(1));
+//! for piece in model.generate(&tok.encode_chat("What is eBPF?")?, &opts)?.text(&tok) {
+//!     print!("{}", piece?);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - [`Model`] opens a Hugging Face Qwen3 directory ([`Checkpoint`], [`Config`]) with
+//!   [`ModelOptions`]: a weight store ([`Backend`]), a KV-cache format ([`KvFormat`]) and size.
+//!   [`Model::generate`] streams tokens ([`Generation`], [`TextGeneration`]) chosen greedily by
+//!   the BPF argmax or by a [`Sampler`] with [`SamplingParams`].
+//! - [`Reference`] is the f32 forward pass the fixed-point engine is measured against; both
+//!   implement [`Forward`].
+//! - [`Tokenizer`] is the Qwen3 tokenizer and chat template; [`ensure_default_model`] writes the
+//!   synthetic Qwen3-0.6B-shaped model the examples fall back to.
+//! - Every failure is an [`Error`]. The library reports what it does (cache rebuilds, default
+//!   model generation) through the [`log`](https://docs.rs/log) crate; progress bars are shown
+//!   only when [`ModelOptions::progress`] asks for them.
+//!
+//! The crate's modules are `#[doc(hidden)]`: they are its internals (the BPF kernel and arena,
+//! the weight stores, the fixed-point twins, the synthetic-checkpoint generator), public only so
+//! that its own tests, benches and examples can reach them, and not covered by semver.
 #![warn(missing_docs)]
 
+mod forward;
+
+#[doc(hidden)]
 pub mod checkpoint;
+#[doc(hidden)]
 pub mod config;
+#[doc(hidden)]
 pub mod default_model;
+#[doc(hidden)]
 pub mod error;
+#[doc(hidden)]
 pub mod fixed;
+#[doc(hidden)]
 pub mod generate;
+#[doc(hidden)]
 pub mod kernel;
+#[doc(hidden)]
 pub mod kv;
+#[doc(hidden)]
 pub mod kv8;
+#[doc(hidden)]
 pub mod limits;
+#[doc(hidden)]
 pub mod model;
+#[doc(hidden)]
 pub mod reference;
+#[doc(hidden)]
 pub mod sampling;
+#[doc(hidden)]
 pub mod store;
+#[doc(hidden)]
 pub mod swar;
+#[doc(hidden)]
 pub mod synth;
+#[doc(hidden)]
 pub mod tokenizer;
+#[doc(hidden)]
 pub mod twin;
 
 pub use checkpoint::Checkpoint;
-pub use config::Config;
+pub use config::{Config, RopeParameters};
+pub use default_model::{default_model_dir, ensure_default_model, TOKENIZER_ENV};
 pub use error::{Error, Result};
+pub use forward::Forward;
 pub use generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
-pub use kv::KvFormat;
+pub use kv::{saved_position, KvFormat};
 pub use model::{KernelMemory, Model, ModelOptions};
-pub use sampling::{Sampler, SamplingParams};
+pub use reference::Reference;
+pub use sampling::{Candidate, Sampler, SamplingParams};
 pub use store::Backend;
+pub use tokenizer::{TextStream, Tokenizer};
 
 /// A progress bar on stderr for long conversions (`total` items).
 pub(crate) fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {

@@ -13,9 +13,20 @@ use crate::kernel::arena::{Region, MAX_ARENA_BYTES, PAGE};
 use crate::kernel::ops::{kv8_pairs, AttentionBuffers, AttentionI8Buffers, Ops};
 use crate::kv::{self, ContextHeader, KvCache, KvFormat};
 use crate::store::{linear_rows, Backend, Linear, Norm, WeightStore};
-use crate::{Checkpoint, Config, Error, Result};
+use crate::{Checkpoint, Config, Error, Forward, Result};
 
-/// How to open a [`Model`].
+/// How to open a [`Model`]: [`ModelOptions::default`] and the `with_*` methods, or a struct
+/// literal ending in `..Default::default()`.
+///
+/// ```
+/// use qwen_bpf::{Backend, KvFormat, ModelOptions};
+/// let opts = ModelOptions::default().with_max_context(256).with_kv(KvFormat::Int8);
+/// let same = ModelOptions { max_context: 256, kv: KvFormat::Int8, ..Default::default() };
+/// assert_eq!((opts.max_context, opts.kv), (same.max_context, same.kv));
+/// ```
+///
+/// Not `#[non_exhaustive]` on purpose: that would forbid the struct-update form above outside
+/// the crate. Fields added later come with a default, so code using either form keeps compiling.
 #[derive(Debug, Clone)]
 pub struct ModelOptions {
     /// Which weight store to use.
@@ -27,7 +38,7 @@ pub struct ModelOptions {
     pub kv: KvFormat,
     /// Where converted-weight cache files go (default: the model directory).
     pub cache_dir: Option<PathBuf>,
-    /// Show progress bars while converting weights.
+    /// Show progress bars on stderr while converting weights (default: off).
     pub progress: bool,
     /// Threads for the largest operators (fused gate/up, LM head): each such operator becomes one
     /// BPF run per thread over its share of the rows. Default: the CPUs available, at most 2.
@@ -50,8 +61,47 @@ impl Default for ModelOptions {
     }
 }
 
+impl ModelOptions {
+    /// Sets [`ModelOptions::backend`].
+    pub fn with_backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
+    }
+
+    /// Sets [`ModelOptions::max_context`].
+    pub fn with_max_context(mut self, max_context: usize) -> Self {
+        self.max_context = max_context;
+        self
+    }
+
+    /// Sets [`ModelOptions::kv`].
+    pub fn with_kv(mut self, kv: KvFormat) -> Self {
+        self.kv = kv;
+        self
+    }
+
+    /// Sets [`ModelOptions::cache_dir`].
+    pub fn with_cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self
+    }
+
+    /// Sets [`ModelOptions::progress`].
+    pub fn with_progress(mut self, progress: bool) -> Self {
+        self.progress = progress;
+        self
+    }
+
+    /// Sets [`ModelOptions::threads`].
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+}
+
 /// Kernel (arena) memory a model uses, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct KernelMemory {
     /// Weights: resident tensors or staging windows, as the store keeps them.
     pub weights: usize,
@@ -217,6 +267,8 @@ pub struct Model {
     scale_q22: i32,
     memory: KernelMemory,
     identity: String,
+    /// The last logits [`Model::forward`] returned, converted to f32 (`vocab_size`).
+    logits: Vec<f32>,
 }
 
 impl std::fmt::Debug for Model {
@@ -293,16 +345,17 @@ impl Model {
         let mut b = Self::alloc_buffers(&mut ops, &cfg, opts.max_context, opts.kv)?;
         if opts.kv == KvFormat::Int8 {
             for l in 0..cfg.num_hidden_layers {
-                let w = ops.arena.slice::<i32>(store.norm(Norm::K(l))).to_vec();
+                let w = ops.arena.slice::<i32>(store.norm(Norm::K(l)))?.to_vec();
                 let r = ops.arena.alloc(cfg.head_dim(), "key smoothing shifts")?;
                 ops.arena
-                    .slice_mut::<u8>(r)
+                    .slice_mut::<u8>(r)?
                     .copy_from_slice(&crate::kv8::key_shifts(&w));
                 b.ksh.push(r);
             }
         }
         Ok(Model {
             identity,
+            logits: vec![0.0; cfg.vocab_size],
             eps_q64: fixed::eps_q64(cfg.rms_norm_eps),
             scale_q22: fixed::attn_scale_q22(cfg.head_dim()),
             cfg,
@@ -335,11 +388,11 @@ impl Model {
             kv: KvCache::reserve(a, kv, cfg, max_ctx)?,
             ksh: Vec::new(),
         };
-        a.slice_mut::<u32>(b.exp2)
+        a.slice_mut::<u32>(b.exp2)?
             .copy_from_slice(&fixed::exp2_table());
         let (cos, sin) = fixed::rope_tables(cfg.rope_theta(), cfg.head_dim(), max_ctx);
-        a.slice_mut::<i32>(b.cos).copy_from_slice(&cos);
-        a.slice_mut::<i32>(b.sin).copy_from_slice(&sin);
+        a.slice_mut::<i32>(b.cos)?.copy_from_slice(&cos);
+        a.slice_mut::<i32>(b.sin)?.copy_from_slice(&sin);
         Ok(b)
     }
 
@@ -472,24 +525,27 @@ impl Model {
         self.b.kv.ensure(&mut self.ops.arena, position);
         self.b
             .kv
-            .repeat_rows(&mut self.ops.arena, self.pos, position);
+            .repeat_rows(&mut self.ops.arena, self.pos, position)?;
         self.pos = position;
         Ok(())
     }
 
-    /// Feeds `token` and returns the next-token logits (`vocab_size` f32, converted from Q16).
-    pub fn forward(&mut self, token: u32) -> Result<Vec<f32>> {
-        Ok(self
-            .forward_fixed(token)?
-            .into_iter()
-            .map(|v| fixed::from_fixed(v, fixed::Q_ACT))
-            .collect())
+    /// Feeds `token` and returns the next-token logits (`vocab_size` f32, converted from Q16),
+    /// borrowed until the next call ([`Forward::forward`]).
+    pub fn forward(&mut self, token: u32) -> Result<&[f32]> {
+        self.step(token, true)?;
+        let q16 = self.ops.arena.slice::<i32>(self.b.logits)?;
+        for (out, &v) in self.logits.iter_mut().zip(q16) {
+            *out = fixed::from_fixed(v, fixed::Q_ACT);
+        }
+        Ok(&self.logits)
     }
 
-    /// Feeds `token` and returns the logits exactly as the kernel computed them (Q16).
-    pub fn forward_fixed(&mut self, token: u32) -> Result<Vec<i32>> {
+    /// Feeds `token` and returns the logits exactly as the kernel computed them (Q16), borrowed
+    /// from the arena until the next call.
+    pub fn forward_fixed(&mut self, token: u32) -> Result<&[i32]> {
         self.step(token, true)?;
-        Ok(self.ops.arena.slice::<i32>(self.b.logits).to_vec())
+        self.ops.arena.slice::<i32>(self.b.logits)
     }
 
     /// Feeds `token` and returns the most likely next token, computed by the BPF LM head with a
@@ -502,8 +558,9 @@ impl Model {
     /// before anything is fed, so on error the model is unchanged: no token is
     /// [`Error::EmptyPrompt`], an id outside the vocabulary is [`Error::TokenOutOfRange`] (with its
     /// index in `tokens`), and a prompt longer than the remaining context is
-    /// [`Error::ContextOverflow`] (at the first position that does not fit).
-    pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+    /// [`Error::ContextOverflow`] (at the first position that does not fit). The logits are
+    /// borrowed as in [`Model::forward`].
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         let Some((&last, head)) = tokens.split_last() else {
             return Err(Error::EmptyPrompt);
         };
@@ -552,11 +609,11 @@ impl Model {
         );
         self.b.kv.ensure(&mut self.ops.arena, pos + 1);
         let (ops, store, b) = (&mut self.ops, &mut self.store, &self.b);
-        let q = b.qkv.sub(0, qd * 4); // [n_q][hd]
-        let k = b.qkv.sub(qd * 4, kvd * 4); // [n_kv][hd]
-        let v = b.qkv.sub((qd + kvd) * 4, kvd * 4); // [n_kv][hd]
-        let cos = b.cos.sub(pos * hd / 2 * 4, hd / 2 * 4); // [hd/2] at pos
-        let sin = b.sin.sub(pos * hd / 2 * 4, hd / 2 * 4);
+        let q = b.qkv.sub(0, qd * 4)?; // [n_q][hd]
+        let k = b.qkv.sub(qd * 4, kvd * 4)?; // [n_kv][hd]
+        let v = b.qkv.sub((qd + kvd) * 4, kvd * 4)?; // [n_kv][hd]
+        let cos = b.cos.sub(pos * hd / 2 * 4, hd / 2 * 4)?; // [hd/2] at pos
+        let sin = b.sin.sub(pos * hd / 2 * 4, hd / 2 * 4)?;
         let shape = AttnShape {
             n_q: nq,
             n_kv: nkv,
@@ -651,5 +708,31 @@ impl Model {
         let best = store.lm_head(ops, b.xn, want_logits.then_some(b.logits), 0..c.vocab_size)?;
         self.pos += 1;
         Ok(best)
+    }
+}
+
+impl Forward for Model {
+    fn config(&self) -> &Config {
+        Model::config(self)
+    }
+
+    fn position(&self) -> usize {
+        Model::position(self)
+    }
+
+    fn max_context(&self) -> usize {
+        Model::max_context(self)
+    }
+
+    fn forward(&mut self, token: u32) -> Result<&[f32]> {
+        Model::forward(self, token)
+    }
+
+    fn reset(&mut self) {
+        Model::reset(self)
+    }
+
+    fn rewind(&mut self, position: usize) -> Result<()> {
+        Model::rewind(self, position)
     }
 }

@@ -3,7 +3,7 @@
 //! It follows Hugging Face transformers' `modeling_qwen3.py` operation by operation (same order of
 //! multiplications inside RMSNorm, RoPE computed from `inv_freq` in f32, q/k norm before RoPE,
 //! softmax in f32), one token at a time with a KV cache, in the style of llama2.c's `run.c`: one
-//! flat [`Reference::forward`] with numbered steps and the shape of every buffer written beside it.
+//! flat pass (`Reference::step`, behind [`Reference::forward`]) with numbered steps and the shape of every buffer written beside it.
 //! Names mirror the HF tensors (`q_proj`, `input_layernorm`, `query_states`, ...).
 //!
 //! The only deliberate departure from a naive loop is the dot product, which accumulates in 16
@@ -14,7 +14,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use crate::{Checkpoint, Config, Error, Result};
+use crate::{Checkpoint, Config, Error, Forward, Result};
 
 /// Matrix-vector products with at least this many multiply-adds are split across threads.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
@@ -56,6 +56,7 @@ struct Scratch {
     up: Vec<f32>,            // [intermediate]  up_proj
     cos: Vec<f32>,           // [hd / 2]        cos(position · inv_freq); emb = cat(freqs, freqs)
     sin: Vec<f32>,           // [hd / 2]        sin(position · inv_freq)
+    logits: Vec<f32>,        // [vocab]         lm_head · normed
 }
 
 /// The f32 Qwen3 model with its KV cache: feed tokens one at a time, get next-token logits.
@@ -219,6 +220,7 @@ impl Reference {
             up: zeros(inter, "up")?,
             cos: zeros(hd / 2, "cos")?,
             sin: zeros(hd / 2, "sin")?,
+            logits: zeros(vocab, "logits")?,
         };
         // One thread by default: at the full shape the products are memory-bound (2.4 GB of f32
         // weights per token), and a second thread measured no faster on 2 cores, slower when busy.
@@ -267,11 +269,36 @@ impl Reference {
         }
     }
 
-    /// Feeds `token` at the current position and returns the logits `[vocab]` for the next token.
+    /// Keeps only the first `position` tokens of the context. A position beyond the current one
+    /// is [`Error::ContextOverflow`] (and changes nothing).
+    pub fn rewind(&mut self, position: usize) -> Result<()> {
+        if position > self.pos {
+            return Err(Error::ContextOverflow {
+                pos: position,
+                max_context: self.pos,
+            });
+        }
+        let kept = position * self.cfg.kv_dim();
+        for layer in &mut self.layers {
+            layer.key_cache.truncate(kept);
+            layer.value_cache.truncate(kept);
+        }
+        self.pos = position;
+        Ok(())
+    }
+
+    /// Feeds `token` at the current position and returns the logits `[vocab]` for the next token
+    /// as a new vector; [`Forward::forward`] returns them borrowed, without the copy.
     ///
     /// Fails with [`Error::TokenOutOfRange`] if `token` is not below the vocabulary size and with
     /// [`Error::ContextOverflow`] if the KV cache is full; in both cases nothing changes.
     pub fn forward(&mut self, token: u32) -> Result<Vec<f32>> {
+        self.step(token)?;
+        Ok(self.s.logits.clone())
+    }
+
+    /// One decoder pass at the current position: the logits land in `self.s.logits`.
+    fn step(&mut self, token: u32) -> Result<()> {
         let cfg = &self.cfg;
         let (hidden, hd) = (cfg.hidden_size, cfg.head_dim());
         let n_heads = cfg.num_attention_heads;
@@ -295,8 +322,6 @@ impl Reference {
                 max_context: self.max_context,
             });
         }
-        // Allocated first, so that a failure leaves the KV cache untouched.
-        let mut logits = zeros(cfg.vocab_size, "logits")?; //                              [vocab]
         let s = &mut self.s;
 
         // 1. Embedding: hidden_states = embed_tokens[token]                          [hidden]
@@ -408,10 +433,37 @@ impl Reference {
 
         // 14. logits = lm_head · normed (lm_head = embed_tokens when tied)                 [vocab]
         let lm_head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
-        matvec(&mut logits, lm_head, &s.normed, threads);
+        matvec(&mut s.logits, lm_head, &s.normed, threads); //                           [vocab]
 
         self.pos += 1;
-        Ok(logits)
+        Ok(())
+    }
+}
+
+impl Forward for Reference {
+    fn config(&self) -> &Config {
+        Reference::config(self)
+    }
+
+    fn position(&self) -> usize {
+        Reference::position(self)
+    }
+
+    fn max_context(&self) -> usize {
+        Reference::max_context(self)
+    }
+
+    fn forward(&mut self, token: u32) -> Result<&[f32]> {
+        self.step(token)?;
+        Ok(&self.s.logits)
+    }
+
+    fn reset(&mut self) {
+        Reference::reset(self)
+    }
+
+    fn rewind(&mut self, position: usize) -> Result<()> {
+        Reference::rewind(self, position)
     }
 }
 

@@ -1,31 +1,5 @@
-//! Choosing the next token from logits: [`SamplingParams`] and the [`Sampler`] that applies them.
-//!
-//! The sampler works in llama.cpp's order, each stage on what the previous one kept:
-//!
-//! 1. **penalties** over the tokens seen so far ([`Sampler::accept`]): the repetition penalty
-//!    `r` divides a seen token's logit by `r` if it is positive and multiplies it by `r` otherwise
-//!    (Hugging Face's `RepetitionPenaltyLogitsProcessor`, llama.cpp's `penalty_repeat`); then the
-//!    presence and frequency penalties subtract `presence + count · frequency` from the logit of
-//!    a token seen `count > 0` times (OpenAI's definition, llama.cpp's `penalty_present` and
-//!    `penalty_freq`). Each token counts once per occurrence, however often it was seen.
-//! 2. **top-k**: the `k` highest logits (ties: the lower id first).
-//! 3. **top-p** (nucleus): the softmax of the kept logits at temperature 1, renormalised over
-//!    what top-k kept; the smallest set of most likely tokens whose probabilities add up to at
-//!    least `p` (always at least one token).
-//! 4. **min-p**: the tokens whose probability is at least `min_p` times the most likely one's
-//!    (again at temperature 1, which is `logit ≥ max_logit + ln(min_p)`).
-//! 5. **temperature**: the kept logits divided by `T`, and their softmax is the distribution
-//!    drawn from. Top-p and min-p thus see the untempered distribution, as in llama.cpp;
-//!    temperature only reshapes the set they kept.
-//! 6. **draw**: one uniform number from a ChaCha8 generator ([`rand_chacha::ChaCha8Rng`]) seeded
-//!    with [`SamplingParams::seed`], so a seed fixes the whole sequence of draws. Without a seed
-//!    one is taken from the operating system (or, failing that, the clock) and reported by
-//!    [`Sampler::seed`], so any run can be replayed.
-//!
-//! Temperature 0 is greedy decoding: the argmax of the penalised logits (ties: the lowest id),
-//! no filter and no random draw. [`Model::generate`](crate::Model::generate) goes further when
-//! there are no penalties either: it takes the argmax the BPF LM head computes
-//! ([`Model::next_token`](crate::Model::next_token)), without copying the logits out.
+//! Choosing the next token from logits: [`SamplingParams`] and the [`Sampler`] that applies them
+//! (its documentation lists the stages).
 
 use std::collections::HashMap;
 
@@ -35,7 +9,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::{Error, Result};
 
 /// How to choose each next token. The default is greedy decoding (temperature 0, no filter, no
-/// penalty); see the [module documentation](self) for the order the stages run in.
+/// penalty); see [`Sampler`] for the order the stages run in.
 ///
 /// Build one with [`SamplingParams::greedy`] or [`SamplingParams::new`] and the `with_*` methods:
 ///
@@ -200,6 +174,7 @@ impl SamplingParams {
 
 /// One token of the distribution a [`Sampler`] draws from.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct Candidate {
     /// The token id (the index of its logit).
     pub id: u32,
@@ -211,8 +186,38 @@ pub struct Candidate {
 
 /// Draws tokens from logits by [`SamplingParams`]; remembers the tokens seen for the penalties.
 ///
+/// # Stages
+///
+/// The sampler works in llama.cpp's order, each stage on what the previous one kept:
+///
+/// 1. **penalties** over the tokens seen so far ([`Sampler::accept`]): the repetition penalty
+///    `r` divides a seen token's logit by `r` if it is positive and multiplies it by `r` otherwise
+///    (Hugging Face's `RepetitionPenaltyLogitsProcessor`, llama.cpp's `penalty_repeat`); then the
+///    presence and frequency penalties subtract `presence + count · frequency` from the logit of
+///    a token seen `count > 0` times (OpenAI's definition, llama.cpp's `penalty_present` and
+///    `penalty_freq`). Each token counts once per occurrence, however often it was seen.
+/// 2. **top-k**: the `k` highest logits (ties: the lower id first).
+/// 3. **top-p** (nucleus): the softmax of the kept logits at temperature 1, renormalised over
+///    what top-k kept; the smallest set of most likely tokens whose probabilities add up to at
+///    least `p` (always at least one token).
+/// 4. **min-p**: the tokens whose probability is at least `min_p` times the most likely one's
+///    (again at temperature 1, which is `logit ≥ max_logit + ln(min_p)`).
+/// 5. **temperature**: the kept logits divided by `T`, and their softmax is the distribution
+///    drawn from. Top-p and min-p thus see the untempered distribution, as in llama.cpp;
+///    temperature only reshapes the set they kept.
+/// 6. **draw**: one uniform number from a ChaCha8 generator ([`rand_chacha::ChaCha8Rng`]) seeded
+///    with [`SamplingParams::seed`], so a seed fixes the whole sequence of draws. Without a seed
+///    one is taken from the operating system (or, failing that, the clock) and reported by
+///    [`Sampler::seed`], so any run can be replayed.
+///
+/// Temperature 0 is greedy decoding: the argmax of the penalised logits (ties: the lowest id),
+/// no filter and no random draw. [`Model::generate`](crate::Model::generate) goes further when
+/// there are no penalties either: it takes the argmax the BPF LM head computes
+/// ([`Model::next_token`](crate::Model::next_token)), without copying the logits out.
+///
+///
 /// ```
-/// use qwen_bpf::sampling::{Sampler, SamplingParams};
+/// use qwen_bpf::{Sampler, SamplingParams};
 /// let mut s = Sampler::new(&SamplingParams::new(1.0).with_top_k(2).with_seed(1))?;
 /// let logits = [0.0, 3.0, 1.0, 2.9];
 /// let id = s.sample(&logits)?;

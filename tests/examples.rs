@@ -6,9 +6,9 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use qwen_bpf::reference::Reference;
 use qwen_bpf::synth::{KeyStyle, Preset, SynthOptions};
 use qwen_bpf::Checkpoint;
+use qwen_bpf::Reference;
 
 /// Runs `logits` and returns the array's shape and values.
 fn run_logits(

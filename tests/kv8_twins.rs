@@ -47,8 +47,9 @@ fn buffers(o: &mut Ops, s: AttnShape, ksh: &[u8]) -> AttentionI8Buffers {
         ksh: a.alloc(s.hd, "ksh").unwrap(),
     };
     a.slice_mut::<u32>(b.exp2)
+        .unwrap()
         .copy_from_slice(&fixed::exp2_table());
-    a.slice_mut::<u8>(b.ksh).copy_from_slice(ksh);
+    a.slice_mut::<u8>(b.ksh).unwrap().copy_from_slice(ksh);
     b
 }
 
@@ -76,35 +77,35 @@ fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool) {
         let q = rng.vec(s.n_q * s.hd, qmax);
         let k = rng.vec(kvd, kmax);
         let v = rng.vec(kvd, vmax);
-        o.arena.slice_mut::<i32>(b.q).copy_from_slice(&q);
-        o.arena.slice_mut::<i32>(b.k).copy_from_slice(&k);
-        o.arena.slice_mut::<i32>(b.v).copy_from_slice(&v);
+        o.arena.slice_mut::<i32>(b.q).unwrap().copy_from_slice(&q);
+        o.arena.slice_mut::<i32>(b.k).unwrap().copy_from_slice(&k);
+        o.arena.slice_mut::<i32>(b.v).unwrap().copy_from_slice(&v);
         o.attention_i8(&b, pos, s, scale).unwrap();
         kv8::attention(&q, &k, &v, &mut cache, &ksh, pos, s, scale, &tab, &mut out);
         if pos % 40 == 0 || pos == s.max_ctx - 1 {
             assert_eq!(
-                o.arena.slice::<i8>(b.k_codes),
+                o.arena.slice::<i8>(b.k_codes).unwrap(),
                 &cache.k_codes[..],
                 "{s:?}: key codes at pos {pos}"
             );
             assert_eq!(
-                o.arena.slice::<u32>(b.k_steps),
+                o.arena.slice::<u32>(b.k_steps).unwrap(),
                 &cache.k_steps[..],
                 "{s:?}: key steps at pos {pos}"
             );
             assert_eq!(
-                o.arena.slice::<i8>(b.v_codes),
+                o.arena.slice::<i8>(b.v_codes).unwrap(),
                 &cache.v_codes[..],
                 "{s:?}: value codes at pos {pos}"
             );
             assert_eq!(
-                o.arena.slice::<u32>(b.v_steps),
+                o.arena.slice::<u32>(b.v_steps).unwrap(),
                 &cache.v_steps[..],
                 "{s:?}: value steps at pos {pos}"
             );
         }
         assert_eq!(
-            o.arena.slice::<i32>(b.out),
+            o.arena.slice::<i32>(b.out).unwrap(),
             &out[..],
             "{s:?}, {threads} thread(s): attention output at pos {pos}, BPF vs twin"
         );
@@ -232,17 +233,21 @@ fn a_bpf_store_to_an_uncommitted_page_is_dropped_and_commit_makes_it_land() {
     let mut b = buffers(&mut o, s, &vec![0; s.hd]);
     // key codes in reserved, never-touched pages
     b.k_codes = o.arena.reserve(s.max_ctx * s.hd, "kc").unwrap();
-    o.arena.slice_mut::<i32>(b.k).fill(1 << 16);
-    o.arena.slice_mut::<i32>(b.v).fill(1 << 16);
+    o.arena.slice_mut::<i32>(b.k).unwrap().fill(1 << 16);
+    o.arena.slice_mut::<i32>(b.v).unwrap().fill(1 << 16);
     o.attention_i8(&b, 0, s, scale).unwrap();
     assert!(
-        o.arena.slice::<i8>(b.k_codes).iter().all(|&c| c == 0),
+        o.arena
+            .slice::<i8>(b.k_codes)
+            .unwrap()
+            .iter()
+            .all(|&c| c == 0),
         "the kernel's key codes went to an uncommitted page and must have been dropped"
     );
-    o.arena.commit(b.k_codes, 0, b.k_codes.len);
+    o.arena.commit(b.k_codes, 0, b.k_codes.len());
     o.attention_i8(&b, 0, s, scale).unwrap();
     assert!(
-        o.arena.slice::<i8>(b.k_codes)[..s.hd]
+        o.arena.slice::<i8>(b.k_codes).unwrap()[..s.hd]
             .iter()
             .all(|&c| c == 127),
         "after commit the kernel's key codes land"

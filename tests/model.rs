@@ -3,9 +3,8 @@
 
 mod common;
 
-use qwen_bpf::reference::Reference;
 use qwen_bpf::twin::TwinModel;
-use qwen_bpf::{Checkpoint, Error, Model, ModelOptions};
+use qwen_bpf::{Checkpoint, Error, Forward, Model, ModelOptions, Reference};
 
 const TOKENS: [u32; 16] = [
     785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386,
@@ -43,7 +42,7 @@ fn bpf_forward_equals_twin_bit_for_bit_and_counts_runs() {
     let layers = m.config().num_hidden_layers as u64;
     for (i, &t) in TOKENS.iter().enumerate() {
         let before = m.bpf_runs();
-        let got = m.forward_fixed(t).unwrap();
+        let got = m.forward_fixed(t).unwrap().to_vec();
         assert_eq!(
             m.bpf_runs() - before,
             8 * layers + 3,
@@ -73,7 +72,7 @@ fn bpf_forward_is_within_bounds_of_the_f32_reference() {
     let mut r = Reference::new(&Checkpoint::open(&dir).unwrap(), 32).unwrap();
     let (mut sum, mut n, mut worst) = (0f64, 0usize, 0f32);
     for (i, &t) in TOKENS.iter().enumerate() {
-        let got = m.forward(t).unwrap();
+        let got = m.forward(t).unwrap().to_vec();
         let want = r.forward(t).unwrap();
         let max = got
             .iter()
@@ -189,7 +188,7 @@ fn model_is_send_and_runs_on_another_thread() {
     let dir = common::tiny_model("model-tiny");
     let mut m = open(&dir, 8);
     assert_send(&m);
-    let first = m.forward_fixed(TOKENS[0]).unwrap();
+    let first = m.forward_fixed(TOKENS[0]).unwrap().to_vec();
     let mut m = std::thread::spawn(move || {
         m.reset();
         assert_eq!(
@@ -203,4 +202,42 @@ fn model_is_send_and_runs_on_another_thread() {
     .unwrap();
     assert_eq!(m.position(), 1);
     m.reset();
+}
+
+/// [`Forward`] drives the BPF model and the f32 reference alike: rewinding and feeding the same
+/// token again reproduces its logits exactly, rewinding past the position is refused, and reset
+/// starts over. The borrowed logits have the vocabulary's length.
+#[test]
+fn forward_trait_rewinds_and_resets_model_and_reference_alike() {
+    let dir = common::tiny_model("model-tiny");
+    let mut m = open(&dir, 8);
+    let mut r = Reference::new(&Checkpoint::open(&dir).unwrap(), 8).unwrap();
+    let engines: [(&str, &mut dyn Forward); 2] = [("model", &mut m), ("reference", &mut r)];
+    for (name, e) in engines {
+        let first: Vec<Vec<f32>> = TOKENS[..4]
+            .iter()
+            .map(|&t| e.forward(t).unwrap().to_vec())
+            .collect();
+        assert_eq!(first[0].len(), e.config().vocab_size, "{name}");
+        assert_eq!((e.position(), e.max_context()), (4, 8), "{name}");
+        e.rewind(2).unwrap();
+        assert_eq!(e.position(), 2, "{name}");
+        assert_eq!(
+            e.forward(TOKENS[2]).unwrap(),
+            first[2],
+            "{name} after rewind"
+        );
+        assert!(
+            matches!(e.rewind(4), Err(Error::ContextOverflow { .. })),
+            "{name}: rewind forward"
+        );
+        assert_eq!(e.position(), 3, "{name}: a refused rewind changes nothing");
+        e.reset();
+        assert_eq!(e.position(), 0, "{name}");
+        assert_eq!(
+            e.forward(TOKENS[0]).unwrap(),
+            first[0],
+            "{name} after reset"
+        );
+    }
 }

@@ -19,21 +19,22 @@ fn put<T: bytemuck::Pod>(o: &mut Ops, data: &[T]) -> Region {
         .alloc(std::mem::size_of_val(data).max(8), "test data")
         .unwrap();
     o.arena
-        .slice_mut::<T>(Region {
-            len: std::mem::size_of_val(data),
-            ..r
-        })
+        .slice_mut::<T>(r.prefix(std::mem::size_of_val(data)).unwrap())
+        .unwrap()
         .copy_from_slice(data);
     r
 }
 
 /// The bytes of `rows` of an i32 matrix with `k` columns stored at `w`.
 fn rows_of(w: Region, k: usize, rows: std::ops::Range<usize>) -> Region {
-    w.sub(rows.start * k * 4, rows.len() * k * 4)
+    w.sub(rows.start * k * 4, rows.len() * k * 4).unwrap()
 }
 
 fn get(o: &Ops, r: Region, n: usize) -> Vec<i32> {
-    o.arena.slice::<i32>(Region { len: n * 4, ..r }).to_vec()
+    o.arena
+        .slice::<i32>(r.prefix(n * 4).unwrap())
+        .unwrap()
+        .to_vec()
 }
 
 const EPS: f64 = 1e-6;
@@ -130,10 +131,9 @@ fn matvec_matches_twin_including_residual_add_and_saturation() {
         o.matvec(rw, rx, rres, k, 0..rows, true).unwrap();
         fixed::matvec_residual(&w, &x, 0..rows, &mut res);
         assert_eq!(
-            o.arena.slice::<i64>(Region {
-                len: rows * 8,
-                ..rres
-            }),
+            o.arena
+                .slice::<i64>(rres.prefix(rows * 8).unwrap())
+                .unwrap(),
             &res[..],
             "residual add {rows}x{k}: BPF vs twin"
         );
@@ -241,7 +241,7 @@ fn qk_norm_rope_matches_twin() {
         let mut q = rng.vec(n_q * hd, 1 << 19);
         let mut k = rng.vec(n_k * hd, 1 << 19);
         let (rq, rk) = (put(&mut o, &q), put(&mut o, &k));
-        let row = |r: Region| r.sub(pos * hd / 2 * 4, hd / 2 * 4);
+        let row = |r: Region| r.sub(pos * hd / 2 * 4, hd / 2 * 4).unwrap();
         o.qk_norm_rope(
             rq,
             rk,
@@ -403,9 +403,9 @@ fn attention_matches_twin_over_a_long_history() {
         let q = rng.vec(s.n_q * s.hd, 1 << 18);
         let k = rng.vec(kvd, kmax);
         let v = rng.vec(kvd, 1 << 20);
-        o.arena.slice_mut::<i32>(b.q).copy_from_slice(&q);
-        o.arena.slice_mut::<i32>(b.k).copy_from_slice(&k);
-        o.arena.slice_mut::<i32>(b.v).copy_from_slice(&v);
+        o.arena.slice_mut::<i32>(b.q).unwrap().copy_from_slice(&q);
+        o.arena.slice_mut::<i32>(b.k).unwrap().copy_from_slice(&k);
+        o.arena.slice_mut::<i32>(b.v).unwrap().copy_from_slice(&v);
         o.attention(&b, pos, s, scale).unwrap();
         fixed::attention(&q, &k, &v, &mut kc, &mut vc, pos, s, scale, &tab, &mut out);
         if pos % 50 == 0 || pos == s.max_ctx - 1 {
@@ -439,7 +439,11 @@ fn embed_matches_twin() {
         o.embed(rt, tok, dim, rx).unwrap();
         let mut want = vec![0i64; dim];
         fixed::embed(&t, tok as usize, dim, &mut want);
-        assert_eq!(o.arena.slice::<i64>(rx), &want[..], "embed row {tok}");
+        assert_eq!(
+            o.arena.slice::<i64>(rx).unwrap(),
+            &want[..],
+            "embed row {tok}"
+        );
     }
 }
 
@@ -470,10 +474,9 @@ fn odd_row_counts_and_ranges_match_twin() {
         .unwrap();
     fixed::matvec_residual(&w, &x, 3..10, &mut res);
     assert_eq!(
-        o.arena.slice::<i64>(Region {
-            len: rows * 8,
-            ..rres
-        }),
+        o.arena
+            .slice::<i64>(rres.prefix(rows * 8).unwrap())
+            .unwrap(),
         &res[..],
         "residual add over rows 3..10"
     );
@@ -487,4 +490,44 @@ fn odd_row_counts_and_ranges_match_twin() {
             "argmax over rows {a}..{b}"
         );
     }
+}
+
+/// The real BPF arena refuses, with a typed error, every view that would be an invalid
+/// reference: a sub-region past its region's end, a view misaligned for its element type, a
+/// length that is not a whole number of elements, and a region past the mapping.
+#[test]
+fn arena_views_refuse_misaligned_and_out_of_bounds_regions() {
+    use qwen_bpf::Error;
+    let mut o = ops();
+    let r = o.arena.alloc(64, "test").unwrap();
+    let refused = |e: Result<Region, Error>| matches!(e, Err(Error::ArenaView(_)));
+    assert!(refused(r.sub(60, 8)), "sub past the end");
+    assert!(
+        refused(r.sub(usize::MAX, 1)),
+        "sub with an overflowing offset"
+    );
+    let odd = r.sub(2, 8).unwrap();
+    assert!(matches!(
+        o.arena.slice::<i32>(odd),
+        Err(Error::ArenaView(_))
+    ));
+    assert!(matches!(
+        o.arena.slice_mut::<i64>(odd),
+        Err(Error::ArenaView(_))
+    ));
+    assert_eq!(
+        o.arena.slice::<u16>(odd).unwrap().len(),
+        4,
+        "aligned for u16"
+    );
+    let ragged = r.sub(0, 6).unwrap();
+    assert!(matches!(
+        o.arena.slice::<u32>(ragged),
+        Err(Error::ArenaView(_))
+    ));
+    // Every region of this arena ends inside it; one of a larger arena may not.
+    let mut big = Ops::load(128 << 20).unwrap();
+    let far = big.arena.reserve(100 << 20, "far").unwrap();
+    assert!(matches!(o.arena.slice::<u8>(far), Err(Error::ArenaView(_))));
+    assert!(big.arena.slice_mut::<u8>(far.sub(0, 8).unwrap()).is_ok());
 }

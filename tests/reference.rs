@@ -5,8 +5,8 @@
 mod common;
 
 use common::spread_tokens as tokens;
-use qwen_bpf::reference::Reference;
 use qwen_bpf::synth::{self, Preset, SynthOptions};
+use qwen_bpf::Reference;
 use qwen_bpf::{Checkpoint, Error};
 
 /// Context length of the runs: the 16 tokens of `spread_tokens`.

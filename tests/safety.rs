@@ -208,7 +208,7 @@ fn hash_logits(all: &[Vec<i32>]) -> u64 {
 fn run_logits(m: &mut Model, tokens: &[u32]) -> Vec<Vec<i32>> {
     tokens
         .iter()
-        .map(|&t| m.forward_fixed(t).unwrap())
+        .map(|&t| m.forward_fixed(t).unwrap().to_vec())
         .collect()
 }
 
@@ -535,7 +535,7 @@ fn bad_tokens_empty_prompts_and_overflow_are_typed_and_change_nothing() {
     let before = fds();
     let want: Vec<Vec<f32>> = [1u32, 2, 3, 4]
         .iter()
-        .map(|&t| fresh.forward(t).unwrap())
+        .map(|&t| fresh.forward(t).unwrap().to_vec())
         .collect();
 
     assert!(
@@ -927,7 +927,7 @@ fn open_forward_drop_200_times_returns_every_kernel_object_and_the_memory() {
             },
         )
         .unwrap_or_else(|e| panic!("cycle {i}: {e}"));
-        let logits = m.forward_fixed(TOKENS[i % 2]).unwrap();
+        let logits = m.forward_fixed(TOKENS[i % 2]).unwrap().to_vec();
         (logits, fds(), status_bytes("VmRSS"))
     };
     // Warm up: libbpf caches kernel BTF and the allocator grows its pools on first use.

@@ -8,9 +8,9 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use qwen_bpf::sampling::{Candidate, Sampler, SamplingParams};
 use qwen_bpf::synth::{Preset, SynthOptions};
-use qwen_bpf::tokenizer::Tokenizer;
+use qwen_bpf::Tokenizer;
+use qwen_bpf::{Candidate, Sampler, SamplingParams};
 use qwen_bpf::{Error, FinishReason, GenerateOptions, Model, ModelOptions};
 
 // ---------------------------------------------------------------------------------------------
@@ -542,7 +542,7 @@ fn seeds_fix_sampled_generations() {
     // the sampler gave each token of `a` along the way: far below anything a test could hit.
     let s = Sampler::new(&opts(11).sampling).unwrap();
     m.reset();
-    let mut logits = m.prefill(&PROMPT).unwrap();
+    let mut logits = m.prefill(&PROMPT).unwrap().to_vec();
     let mut log_p = 0.0;
     for &t in &a {
         let c = s.candidates(&logits).unwrap();
@@ -552,7 +552,7 @@ fn seeds_fix_sampled_generations() {
             .expect("a drawn token is a candidate")
             .prob;
         log_p += p.ln();
-        logits = m.forward(t).unwrap();
+        logits = m.forward(t).unwrap().to_vec();
     }
     eprintln!("P(another seed repeats the {n} tokens) = e^{log_p:.1}");
     assert!(

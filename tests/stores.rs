@@ -74,7 +74,8 @@ fn q24_cache_is_reused_and_rebuilt_when_truncated_corrupt_or_stale() {
     let file = cache_dir.path().join(FILE_NAME);
     let want = open(&dir, Backend::Q24, cache_dir.path())
         .forward_fixed(TOKENS[0])
-        .unwrap();
+        .unwrap()
+        .to_vec();
     assert!(file.is_file(), "first open writes {}", file.display());
     let len = std::fs::metadata(&file).unwrap().len();
 
@@ -128,7 +129,8 @@ fn q24_cache_is_reused_and_rebuilt_when_truncated_corrupt_or_stale() {
         hurt(&file);
         let got = open(&dir, Backend::Q24, cache_dir.path())
             .forward_fixed(TOKENS[0])
-            .unwrap();
+            .unwrap()
+            .to_vec();
         assert_eq!(got, want, "logits after rebuilding a {what} cache");
         assert_eq!(
             std::fs::metadata(&file).unwrap().len(),

@@ -47,13 +47,17 @@ fn put<T: bytemuck::Pod>(o: &mut Ops, data: &[T]) -> Region {
     let len = std::mem::size_of_val(data);
     let r = o.arena.alloc(len.max(8), "test data").unwrap();
     o.arena
-        .slice_mut::<T>(Region { len, ..r })
+        .slice_mut::<T>(r.prefix(len).unwrap())
+        .unwrap()
         .copy_from_slice(data);
-    Region { len, ..r }
+    r.prefix(len).unwrap()
 }
 
 fn get(o: &Ops, r: Region, n: usize) -> Vec<i32> {
-    o.arena.slice::<i32>(Region { len: n * 4, ..r }).to_vec()
+    o.arena
+        .slice::<i32>(r.prefix(n * 4).unwrap())
+        .unwrap()
+        .to_vec()
 }
 
 fn q16(x: &[f32]) -> Vec<i32> {
@@ -124,10 +128,8 @@ fn check_matvec<M: PackedMatrix>(
         swar::matvec_quantized_residual(m, &twin_quantize(x, f), all, &mut want);
         (
             o.arena
-                .slice::<i64>(Region {
-                    len: y64.len() * 8,
-                    ..ry
-                })
+                .slice::<i64>(ry.prefix(y64.len() * 8).unwrap())
+                .unwrap()
                 .to_vec(),
             want,
         )
@@ -175,7 +177,7 @@ fn quantize_x_programs_match_twins_bit_for_bit() {
     x[128..160].iter_mut().for_each(|v| *v = -v.abs() - 1);
     for f in [W4A8, W8A16] {
         let xq = bpf_quantize(&mut o, &x, f);
-        let got = o.arena.slice::<u64>(xq.region).to_vec();
+        let got = o.arena.slice::<u64>(xq.region).unwrap().to_vec();
         let want = twin_quantize(&x, f);
         assert_eq!(
             QuantX::from_words(&got, x.len(), f.act_max),
@@ -719,7 +721,7 @@ fn swar_ops_refuse_mismatched_arguments() {
         "rows beyond the matrix"
     );
     assert!(
-        o.w4a8_matvec(&r4, &x8, Region { len: 8, ..y }, 0..16, false)
+        o.w4a8_matvec(&r4, &x8, y.prefix(8).unwrap(), 0..16, false)
             .is_err(),
         "y too short"
     );

@@ -4,8 +4,8 @@
 mod common;
 
 use common::tokenizer_path;
-use qwen_bpf::tokenizer::Tokenizer;
 use qwen_bpf::Error;
+use qwen_bpf::Tokenizer;
 
 fn tok() -> Tokenizer {
     Tokenizer::from_file(&tokenizer_path()).expect("the shared Qwen3 tokenizer loads")

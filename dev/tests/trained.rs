@@ -81,7 +81,10 @@ fn low_bit_stores_stay_close_to_the_reference_on_a_trained_model() {
             ..Default::default()
         };
         let mut m = Model::open(&model, &opts).unwrap();
-        let got: Vec<Vec<f32>> = tokens.iter().map(|&t| m.forward(t).unwrap()).collect();
+        let got: Vec<Vec<f32>> = tokens
+            .iter()
+            .map(|&t| m.forward(t).unwrap().to_vec())
+            .collect();
         let (kl, agree) = agreement(&want, &got);
         eprintln!(
             "{}: mean KL {kl:.3e} nats, argmax {agree}/128",
@@ -111,7 +114,10 @@ fn low_bit_stores_stay_close_to_the_reference_on_a_trained_model() {
                 ..Default::default()
             };
             let mut m = Model::open(&model, &opts).unwrap();
-            let logits: Vec<Vec<f32>> = tokens.iter().map(|&t| m.forward(t).unwrap()).collect();
+            let logits: Vec<Vec<f32>> = tokens
+                .iter()
+                .map(|&t| m.forward(t).unwrap().to_vec())
+                .collect();
             m.reset();
             let mut next = *m
                 .prefill(&tokens[..64])

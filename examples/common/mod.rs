@@ -5,9 +5,10 @@ use std::process::ExitCode;
 
 use std::path::Path;
 
+use std::path::PathBuf;
+
 use clap::Parser;
-use qwen_bpf::tokenizer::Tokenizer;
-use qwen_bpf::{Backend, Error, KvFormat, Result};
+use qwen_bpf::{Backend, Error, KvFormat, Result, Tokenizer};
 
 /// Every weight store the examples offer ([`Backend::ALL`]).
 pub const BACKENDS: &[Backend] = &Backend::ALL;
@@ -35,9 +36,59 @@ pub fn backend_names() -> String {
         .join(", ")
 }
 
-/// Parses the command line; usage errors exit with 1 like every other error (clap's own
-/// convention is 2), `--help` with 0.
+/// Where the examples look for a Qwen3 `tokenizer.json` for the default model when none is given:
+/// `$QWEN_BPF_TOKENIZER` (which the library reads itself), else
+/// `../shared/qwen3-tokenizer/tokenizer.json` next to this source tree, else the same path
+/// relative to the current directory. The first existing file wins.
+pub fn find_tokenizer() -> Option<PathBuf> {
+    if std::env::var_os(qwen_bpf::TOKENIZER_ENV).is_some_and(|v| !v.is_empty()) {
+        return None; // the library uses the variable
+    }
+    let rel = Path::new("..")
+        .join("shared")
+        .join("qwen3-tokenizer")
+        .join("tokenizer.json");
+    let mut candidates = vec![Path::new(env!("CARGO_MANIFEST_DIR")).join(&rel)];
+    if let Ok(cwd) = std::env::current_dir() {
+        candidates.push(cwd.join(&rel));
+    }
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+/// Prints the library's log records at `info` and above to stderr as `qwen_bpf: message`
+/// (`warn` and `error` records say so), so that an example shows what the library does.
+struct StderrLogger;
+
+impl log::Log for StderrLogger {
+    fn enabled(&self, m: &log::Metadata<'_>) -> bool {
+        m.level() <= log::Level::Info
+    }
+
+    fn log(&self, r: &log::Record<'_>) {
+        if self.enabled(r.metadata()) {
+            let target = r.target().split("::").next().unwrap_or("");
+            match r.level() {
+                log::Level::Info => eprintln!("{target}: {}", r.args()),
+                level => eprintln!("{target}: {}: {}", level.as_str().to_lowercase(), r.args()),
+            }
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// Sends the library's log records to stderr ([`StderrLogger`]); a second call does nothing.
+pub fn init_logging() {
+    static LOGGER: StderrLogger = StderrLogger;
+    if log::set_logger(&LOGGER).is_ok() {
+        log::set_max_level(log::LevelFilter::Info);
+    }
+}
+
+/// Parses the command line (after [`init_logging`]); usage errors exit with 1 like every other
+/// error (clap's own convention is 2), `--help` with 0.
 pub fn parse_args<T: Parser>() -> Result<T, ExitCode> {
+    init_logging();
     T::try_parse().map_err(|e| {
         let _ = e.print();
         if e.use_stderr() {

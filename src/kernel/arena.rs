@@ -10,27 +10,54 @@ pub const PAGE: usize = 4096;
 /// Largest arena the kernel allows (4 GiB).
 pub const MAX_ARENA_BYTES: usize = 1 << 32;
 
-/// A region of the arena: byte offset and length.
+/// A region of the arena: byte offset and length, inside the arena that handed it out.
+///
+/// Only [`Arena::alloc`], [`Arena::reserve`] and [`Region::sub`] make regions, so a region never
+/// extends past the arena it came from; [`Arena::slice`] checks it anyway (bounds against the
+/// mapping, alignment and size for the element type), so that no safe call can create an invalid
+/// reference, whatever region it is given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Region {
     /// Offset from the arena's start.
-    pub off: usize,
+    pub(crate) off: usize,
     /// Length in bytes.
-    pub len: usize,
+    pub(crate) len: usize,
 }
 
 impl Region {
-    /// The `len` bytes at byte offset `at` inside this region.
-    pub fn sub(self, at: usize, len: usize) -> Region {
-        assert!(
-            at + len <= self.len,
-            "sub-region {at}+{len} outside a region of {}",
-            self.len
-        );
-        Region {
-            off: self.off + at,
-            len,
+    /// Offset of the region from the arena's start, in bytes.
+    pub fn off(self) -> usize {
+        self.off
+    }
+
+    /// Length of the region in bytes.
+    pub fn len(self) -> usize {
+        self.len
+    }
+
+    /// Whether the region has no bytes.
+    pub fn is_empty(self) -> bool {
+        self.len == 0
+    }
+
+    /// The `len` bytes at byte offset `at` inside this region; [`Error::ArenaView`] if they do not
+    /// lie inside it.
+    pub fn sub(self, at: usize, len: usize) -> Result<Region> {
+        match at.checked_add(len) {
+            Some(end) if end <= self.len => Ok(Region {
+                off: self.off + at,
+                len,
+            }),
+            _ => Err(Error::ArenaView(format!(
+                "sub-region of {len} bytes at {at} outside a region of {} bytes",
+                self.len
+            ))),
         }
+    }
+
+    /// The first `len` bytes of this region ([`Region::sub`] at 0).
+    pub fn prefix(self, len: usize) -> Result<Region> {
+        self.sub(0, len)
     }
 }
 
@@ -102,13 +129,13 @@ impl Arena {
 
     /// Commits the pages of `r` that hold its bytes `from..to` (clamped to the region), by
     /// faulting each in from user space with a write of zero. Only for pages never committed
-    /// before: the write would clear what a committed page holds.
+    /// before: the write would clear what a committed page holds. Pages outside the arena are
+    /// skipped.
     pub fn commit(&mut self, r: Region, from: usize, to: usize) {
-        let to = to.min(r.len);
-        let first = (r.off + from).div_ceil(PAGE) * PAGE;
-        let mut page = first;
-        while page < r.off + to {
-            // SAFETY: page lies inside the region, which lies inside the mapping.
+        let end = r.off.saturating_add(to.min(r.len)).min(self.len);
+        let mut page = r.off.saturating_add(from).div_ceil(PAGE) * PAGE;
+        while page < end {
+            // SAFETY: page < end <= self.len: inside the mapping.
             unsafe { std::ptr::write_volatile(self.base.add(page), 0u8) };
             page += PAGE;
         }
@@ -119,26 +146,52 @@ impl Arena {
         self.base as u64 + r.off as u64
     }
 
-    /// Region `r` as a typed slice.
-    pub fn slice<T: bytemuck::Pod>(&self, r: Region) -> &[T] {
-        assert!(r.off + r.len <= self.len && r.len % size_of::<T>() == 0);
-        // SAFETY: in bounds, page aligned (so aligned for T), and every bit pattern is a valid T.
-        unsafe {
-            std::slice::from_raw_parts(self.base.add(r.off) as *const T, r.len / size_of::<T>())
+    /// Checks that region `r` can be viewed as `[T]`: inside the mapping, a whole number of
+    /// non-zero-sized `T`, and aligned for `T`. Returns the element count.
+    fn check_view<T>(&self, r: Region) -> Result<usize> {
+        let (size, align) = (size_of::<T>(), align_of::<T>());
+        let refuse = |why: String| {
+            Err(Error::ArenaView(format!(
+                "{} bytes at offset {} as [{}]: {why}",
+                r.len,
+                r.off,
+                std::any::type_name::<T>()
+            )))
+        };
+        match r.off.checked_add(r.len) {
+            Some(end) if end <= self.len => {}
+            _ => return refuse(format!("outside the arena of {} bytes", self.len)),
         }
+        if size == 0 {
+            return refuse("zero-sized element type".into());
+        }
+        if r.len % size != 0 {
+            return refuse(format!("not a multiple of the element size {size}"));
+        }
+        if (self.base as usize + r.off) % align != 0 {
+            return refuse(format!("not aligned to {align} bytes"));
+        }
+        Ok(r.len / size)
     }
 
-    /// Region `r` as a typed mutable slice.
-    pub fn slice_mut<T: bytemuck::Pod>(&mut self, r: Region) -> &mut [T] {
-        assert!(r.off + r.len <= self.len && r.len % size_of::<T>() == 0);
+    /// Region `r` as a typed slice; [`Error::ArenaView`] if it lies outside the arena, is not a
+    /// whole number of `T` or is misaligned for `T`.
+    pub fn slice<T: bytemuck::Pod>(&self, r: Region) -> Result<&[T]> {
+        let n = self.check_view::<T>(r)?;
+        // SAFETY: check_view proved the n elements in bounds of the live mapping and aligned;
+        // every bit pattern is a valid Pod T. The borrow of self keeps the mapping alive.
+        Ok(unsafe { std::slice::from_raw_parts(self.base.add(r.off) as *const T, n) })
+    }
+
+    /// Region `r` as a typed mutable slice, checked as in [`Arena::slice`].
+    pub fn slice_mut<T: bytemuck::Pod>(&mut self, r: Region) -> Result<&mut [T]> {
+        let n = self.check_view::<T>(r)?;
         // SAFETY: as in `slice`, and &mut self makes the borrow exclusive on the user side.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.base.add(r.off) as *mut T, r.len / size_of::<T>())
-        }
+        Ok(unsafe { std::slice::from_raw_parts_mut(self.base.add(r.off) as *mut T, n) })
     }
 }
 
-use std::mem::size_of;
+use std::mem::{align_of, size_of};
 
 /// The user-space address of libbpf's mmap of arena map `map` (libbpf maps arenas at load).
 pub(crate) fn mapping(map: &libbpf_rs::Map<'_>) -> Result<*mut u8> {
@@ -155,4 +208,88 @@ pub(crate) fn mapping(map: &libbpf_rs::Map<'_>) -> Result<*mut u8> {
         });
     }
     Ok(base as *mut u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An arena over `words` u64s of ordinary memory (8-byte aligned), as the BPF mapping is.
+    fn arena(words: &mut [u64]) -> Arena {
+        // SAFETY: the buffer outlives the arena in every test below.
+        unsafe { Arena::new(words.as_mut_ptr() as *mut u8, words.len() * 8) }
+    }
+
+    #[test]
+    fn sub_past_the_end_is_refused() {
+        let r = Region { off: 0, len: 64 };
+        assert_eq!(r.sub(16, 48).unwrap(), Region { off: 16, len: 48 });
+        assert!(matches!(r.sub(16, 49), Err(Error::ArenaView(_))));
+        assert!(matches!(r.sub(65, 0), Err(Error::ArenaView(_))));
+        assert!(matches!(r.sub(usize::MAX, 2), Err(Error::ArenaView(_))));
+        assert!(matches!(r.prefix(65), Err(Error::ArenaView(_))));
+    }
+
+    #[test]
+    fn views_outside_the_mapping_are_refused() {
+        let mut mem = vec![0u64; 2 * PAGE / 8];
+        let mut a = arena(&mut mem);
+        let r = a.alloc(PAGE, "test").unwrap();
+        assert_eq!(a.slice::<u32>(r).unwrap().len(), PAGE / 4);
+        for bad in [
+            Region {
+                off: PAGE,
+                len: PAGE + 4,
+            },
+            Region {
+                off: 2 * PAGE,
+                len: 4,
+            },
+            Region {
+                off: usize::MAX - 3,
+                len: 8,
+            },
+        ] {
+            assert!(
+                matches!(a.slice::<u8>(bad), Err(Error::ArenaView(_))),
+                "{bad:?}"
+            );
+            assert!(
+                matches!(a.slice_mut::<u8>(bad), Err(Error::ArenaView(_))),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn misaligned_or_partial_views_are_refused() {
+        let mut mem = vec![0u64; PAGE / 8];
+        let mut a = arena(&mut mem);
+        let r = a.alloc(64, "test").unwrap();
+        let odd = r.sub(1, 8).unwrap();
+        assert!(matches!(a.slice::<u32>(odd), Err(Error::ArenaView(_))));
+        assert!(matches!(a.slice_mut::<u64>(odd), Err(Error::ArenaView(_))));
+        assert_eq!(a.slice::<u8>(odd).unwrap().len(), 8);
+        let partial = r.sub(0, 6).unwrap();
+        assert!(matches!(a.slice::<i32>(partial), Err(Error::ArenaView(_))));
+        assert!(matches!(a.slice::<()>(r), Err(Error::ArenaView(_))));
+        a.slice_mut::<i64>(r.sub(8, 16).unwrap()).unwrap()[1] = -1;
+        assert_eq!(a.slice::<i64>(r).unwrap()[2], -1);
+    }
+
+    #[test]
+    fn commit_stays_inside_the_mapping() {
+        let mut mem = vec![7u64; 2 * PAGE / 8];
+        let mut a = arena(&mut mem);
+        a.commit(
+            Region {
+                off: PAGE,
+                len: 8 * PAGE,
+            },
+            0,
+            8 * PAGE,
+        );
+        assert_eq!(mem[PAGE / 8], 0, "the page inside the arena was faulted in");
+        assert_eq!(mem[0], 7, "the page before the region was left alone");
+    }
 }

@@ -50,13 +50,13 @@ impl Ops {
             .arena
             .alloc(m.words().len() * 8, &format!("{} weight words", f.name))?;
         self.arena
-            .slice_mut::<u64>(words)
+            .slice_mut::<u64>(words)?
             .copy_from_slice(m.words());
         let scales = self
             .arena
             .alloc(m.scales().len() * 4, &format!("{} weight scales", f.name))?;
         self.arena
-            .slice_mut::<u32>(scales)
+            .slice_mut::<u32>(scales)?
             .copy_from_slice(m.scales());
         Ok(PackedRegions {
             format: f,

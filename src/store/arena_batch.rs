@@ -75,13 +75,20 @@ impl ArenaBatchStore {
 
     /// Copies rows `rows` of the `k`-column matrix at payload offset `base` to byte `at` of the
     /// window; returns the window sub-region holding them.
-    fn stage(&self, ops: &mut Ops, base: usize, k: usize, rows: &Rows, at: usize) -> Region {
+    fn stage(
+        &self,
+        ops: &mut Ops,
+        base: usize,
+        k: usize,
+        rows: &Rows,
+        at: usize,
+    ) -> Result<Region> {
         let (start, len) = (base + rows.start * k * 4, rows.len() * k * 4);
-        let dst = self.window.sub(at, len);
+        let dst = self.window.sub(at, len)?;
         ops.arena
-            .slice_mut::<u8>(dst)
+            .slice_mut::<u8>(dst)?
             .copy_from_slice(&self.cache.payload()[start..start + len]);
-        dst
+        Ok(dst)
     }
 
     /// Row batches of `rows` such that `mats` matrices of `k` columns fit the window together.
@@ -130,7 +137,7 @@ impl WeightStore for ArenaBatchStore {
 
     fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()> {
         let h = self.cfg.hidden_size;
-        let row = self.stage(ops, self.embed, h, &(token as usize..token as usize + 1), 0);
+        let row = self.stage(ops, self.embed, h, &(token as usize..token as usize + 1), 0)?;
         ops.embed(row, 0, h, x)
     }
 
@@ -150,7 +157,7 @@ impl WeightStore for ArenaBatchStore {
             Linear::Down(l) => self.layers[l].down,
         };
         for b in self.batches(rows, k, 1).collect::<Vec<_>>() {
-            let w = self.stage(ops, base, k, &b, 0);
+            let w = self.stage(ops, base, k, &b, 0)?;
             ops.matvec(w, x, y, k, b, accumulate)?;
         }
         Ok(())
@@ -168,8 +175,8 @@ impl WeightStore for ArenaBatchStore {
         let (k, l) = (self.cfg.hidden_size, self.layers[layer]);
         let half = self.window.len / 2 / PAGE * PAGE;
         for b in self.batches(rows, k, 2).collect::<Vec<_>>() {
-            let g = self.stage(ops, l.gate, k, &b, 0);
-            let u = self.stage(ops, l.up, k, &b, half);
+            let g = self.stage(ops, l.gate, k, &b, 0)?;
+            let u = self.stage(ops, l.up, k, &b, half)?;
             ops.gate_up_swiglu(g, u, x, y, exp2, k, b)?;
         }
         Ok(())
@@ -185,7 +192,7 @@ impl WeightStore for ArenaBatchStore {
         let k = self.cfg.hidden_size;
         let mut bests = Vec::new();
         for b in self.batches(rows.clone(), k, 1).collect::<Vec<_>>() {
-            let w = self.stage(ops, self.lm_head, k, &b, 0);
+            let w = self.stage(ops, self.lm_head, k, &b, 0)?;
             let (r, v) = ops.lm_head_argmax(w, x, logits, k, b)?;
             bests.push((r, v as i64));
         }

@@ -218,21 +218,19 @@ pub fn open(
     }))
 }
 
-/// Opens the cache at `path` if it is usable; otherwise says why (when `progress`, prefixed by
-/// `doing`), runs `build` to write it, and opens the fresh file, which must then be usable.
+/// Opens the cache at `path` if it is usable; otherwise logs why (prefixed by `doing`), runs
+/// `build` to write it, and opens the fresh file, which must then be usable.
 pub fn open_or_build(
     path: &Path,
     format: &str,
     identity: &str,
     config: &Config,
-    progress: bool,
     doing: &str,
     build: impl FnOnce() -> Result<()>,
 ) -> Result<CacheFile> {
     match open(path, format, identity, config)? {
         Ok(c) => return Ok(c),
-        Err(reason) if progress => eprintln!("qwen_bpf: {doing} ({}: {reason})", path.display()),
-        Err(_) => {}
+        Err(reason) => log::info!("{doing} ({}: {reason})", path.display()),
     }
     build()?;
     match open(path, format, identity, config)? {

@@ -178,7 +178,6 @@ fn open_or_convert(
         &format,
         &identity,
         &ck.config,
-        progress,
         &format!("quantising weights to {}", plan.name),
         || quantise(ck, &path, plan, &format, &identity, progress),
     )
@@ -292,9 +291,9 @@ impl IntStore {
             self.cache.bytes(&format!("{name}.scales"))?,
         );
         let words = ops.arena.alloc(wb.len(), "packed weights")?;
-        ops.arena.slice_mut::<u8>(words).copy_from_slice(wb);
+        ops.arena.slice_mut::<u8>(words)?.copy_from_slice(wb);
         let scales = ops.arena.alloc(sb.len(), "weight scales")?;
-        ops.arena.slice_mut::<u8>(scales).copy_from_slice(sb);
+        ops.arena.slice_mut::<u8>(scales)?.copy_from_slice(sb);
         Ok(PackedRegions {
             format: f,
             words,
@@ -393,7 +392,7 @@ impl WeightStore for IntStore {
         let table = self.cache.bytes("model.embed_tokens.weight")?;
         let row = &table[token as usize * h * 4..(token as usize + 1) * h * 4];
         ops.arena
-            .slice_mut::<u8>(self.embed_row)
+            .slice_mut::<u8>(self.embed_row)?
             .copy_from_slice(row);
         ops.embed(self.embed_row, 0, h, x)
     }
@@ -435,13 +434,13 @@ impl WeightStore for IntStore {
             ops.swar_matvec(&mat, &xq, out, ffn + rows.start..ffn + rows.end, false)?;
         }
         let (g, u) = (
-            out.sub(rows.start * 4, rows.len() * 4),
-            out.sub((ffn + rows.start) * 4, rows.len() * 4),
+            out.sub(rows.start * 4, rows.len() * 4)?,
+            out.sub((ffn + rows.start) * 4, rows.len() * 4)?,
         );
         ops.swiglu(
             g,
             u,
-            y.sub(rows.start * 4, rows.len() * 4),
+            y.sub(rows.start * 4, rows.len() * 4)?,
             exp2,
             rows.len(),
         )

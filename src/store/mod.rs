@@ -117,7 +117,7 @@ impl ResidentNorms {
         {
             let r = ops.arena.alloc(e.len, "norm weights")?;
             ops.arena
-                .slice_mut::<u8>(r)
+                .slice_mut::<u8>(r)?
                 .copy_from_slice(&cache.payload()[e.offset..e.offset + e.len]);
             v.push((e.name.clone(), r));
         }
@@ -154,6 +154,7 @@ pub fn linear_cols(cfg: &Config, m: Linear) -> usize {
 
 /// The weight-store backends `Model` can open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Backend {
     /// Q24 weights converted once to a cache file and kept resident in the arena.
     Q24,

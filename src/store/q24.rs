@@ -34,7 +34,6 @@ pub fn open_or_convert(ck: &Checkpoint, cache_dir: &Path, progress: bool) -> Res
         "q24",
         &ck.identity(),
         &ck.config,
-        progress,
         "converting weights to Q24",
         || convert(ck, &path, progress),
     )
@@ -153,14 +152,14 @@ impl WeightStore for Q24Store {
     fn upload(&mut self, ops: &mut Ops) -> Result<()> {
         let payload = self.cache.payload();
         let all = ops.arena.alloc(payload.len(), "Q24 weights")?;
-        ops.arena.slice_mut::<u8>(all).copy_from_slice(payload);
+        ops.arena.slice_mut::<u8>(all)?.copy_from_slice(payload);
         let at: HashMap<&str, Region> = self
             .cache
             .header
             .tensors
             .iter()
-            .map(|e| (e.name.as_str(), all.sub(e.offset, e.len)))
-            .collect();
+            .map(|e| Ok((e.name.as_str(), all.sub(e.offset, e.len)?)))
+            .collect::<Result<_>>()?;
         let get = |n: &str| {
             at.get(n).copied().ok_or_else(|| Error::Cache {
                 path: self.cache.path.clone(),
@@ -236,7 +235,7 @@ impl WeightStore for Q24Store {
             Linear::Down(l) => self.layers[l].down,
         };
         let k = super::linear_cols(&self.cfg, m);
-        ops.matvec(rows_of(w, k, &rows), x, y, k, rows, accumulate)
+        ops.matvec(rows_of(w, k, &rows)?, x, y, k, rows, accumulate)
     }
 
     fn gate_up_swiglu(
@@ -250,8 +249,8 @@ impl WeightStore for Q24Store {
     ) -> Result<()> {
         let (l, k) = (self.layers[layer], self.cfg.hidden_size);
         ops.gate_up_swiglu(
-            rows_of(l.gate, k, &rows),
-            rows_of(l.up, k, &rows),
+            rows_of(l.gate, k, &rows)?,
+            rows_of(l.up, k, &rows)?,
             x,
             y,
             exp2,
@@ -268,11 +267,11 @@ impl WeightStore for Q24Store {
         rows: Rows,
     ) -> Result<(usize, i32)> {
         let k = self.cfg.hidden_size;
-        ops.lm_head_argmax(rows_of(self.lm_head, k, &rows), x, logits, k, rows)
+        ops.lm_head_argmax(rows_of(self.lm_head, k, &rows)?, x, logits, k, rows)
     }
 }
 
 /// The bytes of `rows` of a resident i32 matrix with `k` columns.
-fn rows_of(w: Region, k: usize, rows: &Rows) -> Region {
+fn rows_of(w: Region, k: usize, rows: &Rows) -> Result<Region> {
     w.sub(rows.start * k * 4, rows.len() * k * 4)
 }
