@@ -23,6 +23,7 @@ pub mod limits;
 pub mod model;
 pub mod reference;
 pub mod sampling;
+pub mod screen;
 pub mod store;
 pub mod swar;
 pub mod synth;

@@ -32,6 +32,11 @@ pub struct ModelOptions {
     /// Threads for the largest operators (fused gate/up, LM head): each such operator becomes one
     /// BPF run per thread over its share of the rows. Default: the CPUs available, at most 2.
     pub threads: usize,
+    /// [`Model::next_token`] screens the LM head with a low-bit copy and rescores exactly only
+    /// the rows that can win (see [`crate::screen`]): the same token as the full head, faster
+    /// where the screen prunes. Default true for the q24 and int stores (the screen costs arena
+    /// memory, reported in [`KernelMemory::head_screen`]); false runs the full exact head.
+    pub screened_head: bool,
 }
 
 impl Default for ModelOptions {
@@ -46,6 +51,7 @@ impl Default for ModelOptions {
             cache_dir: None,
             progress: false,
             threads: cpus.min(2),
+            screened_head: true,
         }
     }
 }
@@ -63,6 +69,9 @@ pub struct KernelMemory {
     pub kv_committed: usize,
     /// Activations, RoPE/exp tables, attention scratch, logits.
     pub scratch: usize,
+    /// The LM-head screen of [`ModelOptions::screened_head`] (low-bit head copy, scales, per-row
+    /// norms, screen logits): part of `weights`.
+    pub head_screen: usize,
 }
 
 impl KernelMemory {
@@ -217,6 +226,7 @@ pub struct Model {
     scale_q22: i32,
     memory: KernelMemory,
     identity: String,
+    screened: bool,
 }
 
 impl std::fmt::Debug for Model {
@@ -276,6 +286,7 @@ impl Model {
         let identity = ck.identity();
         let cache_dir = opts.cache_dir.clone().unwrap_or_else(|| dir.to_path_buf());
         let mut store = opts.backend.open(&ck, &cache_dir, opts.progress)?;
+        let screened = opts.screened_head && store.enable_screen();
         drop(ck);
         let weights = store.arena_bytes().div_ceil(PAGE) * PAGE;
         let memory = KernelMemory {
@@ -283,6 +294,7 @@ impl Model {
             kv_cache: kv,
             kv_committed: 0,
             scratch,
+            head_screen: store.screen_bytes(),
         };
         // Again with the store's exact weight bytes (the estimate above covers only q24).
         check_arena(weights, kv, scratch, opts.max_context)?;
@@ -312,6 +324,7 @@ impl Model {
             b,
             pos: 0,
             memory,
+            screened,
         })
     }
 
@@ -498,6 +511,24 @@ impl Model {
         Ok(self.step(token, false)?.0 as u32)
     }
 
+    /// Whether [`Model::next_token`] uses the screened head (see [`ModelOptions::screened_head`]).
+    pub fn screened_head(&self) -> bool {
+        self.screened
+    }
+
+    /// For benchmarks and tests: switches [`Model::next_token`] between the screened head (when
+    /// the model was opened with one) and the full exact head.
+    #[doc(hidden)]
+    pub fn set_screened_head(&mut self, on: bool) {
+        self.screened = on && self.memory.head_screen > 0;
+    }
+
+    /// What the screened head found at the last [`Model::next_token`]: rows rescored exactly,
+    /// the best lower bound. `None` when the full head ran.
+    pub fn head_screen_result(&self) -> Option<crate::kernel::swar_ops::ScreenResult> {
+        self.store.screen_result()
+    }
+
     /// Feeds a whole prompt and returns the logits after its last token. The prompt is checked
     /// before anything is fed, so on error the model is unchanged: no token is
     /// [`Error::EmptyPrompt`], an id outside the vocabulary is [`Error::TokenOutOfRange`] (with its
@@ -648,7 +679,11 @@ impl Model {
         // 9. xn = RMSNorm(x; model.norm)                               xn [hidden]
         ops.rmsnorm(b.x, true, store.norm(Norm::Final), b.xn, h, 1, eps)?;
         // 10. logits = lm_head · xn, and their argmax                  logits [vocab]
-        let best = store.lm_head(ops, b.xn, want_logits.then_some(b.logits), 0..c.vocab_size)?;
+        let best = if want_logits || !self.screened {
+            store.lm_head(ops, b.xn, want_logits.then_some(b.logits), 0..c.vocab_size)?
+        } else {
+            store.lm_head_argmax(ops, b.xn, 0..c.vocab_size)?
+        };
         self.pos += 1;
         Ok(best)
     }
