@@ -526,7 +526,7 @@ impl Model {
     /// What the screened head found at the last [`Model::next_token`]: rows rescored exactly,
     /// the best lower bound. `None` when the full head ran.
     pub fn head_screen_result(&self) -> Option<crate::kernel::swar_ops::ScreenResult> {
-        self.store.screen_result()
+        self.store.screen_result().filter(|_| self.screened)
     }
 
     /// Feeds a whole prompt and returns the logits after its last token. The prompt is checked

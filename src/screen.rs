@@ -315,7 +315,17 @@ pub struct ScreenedHead {
     k: usize,
     /// What the last screened token found (`None`: none yet, or the exact head ran).
     pub last: Option<ScreenResult>,
+    /// Tokens left before the screen is tried again, and the current back-off.
+    skip: u32,
+    backoff: u32,
 }
+
+/// A screen that rescored more than this fraction of the rows (1 / BACKOFF_FRACTION) cost more
+/// than it saved: it is skipped for the next 1, 2, 4, … [`BACKOFF_MAX`] tokens, doubling while
+/// it keeps failing (the exact head runs meanwhile; the answer is the same either way).
+pub const BACKOFF_FRACTION: usize = 4;
+/// The longest back-off, in tokens.
+pub const BACKOFF_MAX: u32 = 64;
 
 impl ScreenedHead {
     /// Arena bytes [`ScreenedHead::upload`] takes for a `rows` × `k` head screened in `format`,
@@ -355,6 +365,8 @@ impl ScreenedHead {
             rows,
             k,
             last: None,
+            skip: 0,
+            backoff: 0,
         })
     }
 
@@ -368,6 +380,10 @@ impl ScreenedHead {
         exact: &ExactHead,
     ) -> Result<Option<(usize, i32)>> {
         self.last = None;
+        if self.skip > 0 {
+            self.skip -= 1;
+            return Ok(None);
+        }
         ops.quantize_x(x, &self.xq)?;
         let xh = dequantize(&ops.read_quant_x(&self.xq));
         let xe: Vec<i64> = match exact {
@@ -385,6 +401,12 @@ impl ScreenedHead {
         ops.swar_matvec(&self.mat, &self.xq, self.regions.s, 0..self.rows, false)?;
         let r = ops.screen_argmax(&self.regions, exact, self.rows, self.k, &t)?;
         self.last = Some(r);
+        if r.candidates * BACKOFF_FRACTION > self.rows {
+            self.backoff = (self.backoff * 2).clamp(1, BACKOFF_MAX);
+            self.skip = self.backoff;
+        } else {
+            self.backoff = 0;
+        }
         Ok(Some((r.best, r.best_val)))
     }
 }
