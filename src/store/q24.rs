@@ -127,7 +127,11 @@ pub struct Q24Store {
     screen: Option<ScreenedHead>,
 }
 
-/// The format of the Q24 head's screen.
+/// The format of the Q24 head's screen ([`crate::screen`]): 8-bit. The certified window is a
+/// worst case over all activations of the token's norms, about `sqrt(hidden)` times the typical
+/// screening error: at the Qwen3-0.6B shape a 4-bit screen's window (several logits) spans the
+/// whole logit range of the synthetic model and prunes nothing, while the 8-bit screen leaves
+/// 1–16 of 151,936 rows to rescore. Its W8A16 pass costs about 0.3 of the Q24 head's.
 pub const SCREEN: Format = W8A16;
 
 impl Q24Store {
