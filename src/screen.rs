@@ -146,8 +146,9 @@ impl Screen {
             .map_or(1, |n| n.get())
             .clamp(1, 4);
         let per = rows.div_ceil(threads).div_ceil(8) * 8;
-        // Per row: codes, scales, ||d||_2^2, ||V||_2^2, max of the L1 norms.
-        let parts: Vec<(Vec<i8>, Vec<u32>, Vec<u128>, Vec<u128>, u128)> = std::thread::scope(|s| {
+        // Per thread's rows: codes, scales, ||d||_2^2, ||V||_2^2, max of the L1 norms.
+        type Part = (Vec<i8>, Vec<u32>, Vec<u128>, Vec<u128>, u128);
+        let parts: Vec<Part> = std::thread::scope(|s| {
             let hs: Vec<_> = (0..threads)
                 .map(|t| {
                     let row = &row;

@@ -375,9 +375,10 @@ impl WeightStore for IntStore {
         let head = self.lm_head.expect("uploaded");
         if self.screen.is_some() && rows == (0..head.rows) {
             let xq = self.quantize(ops, x, &head)?;
-            let s = self.screen.as_mut().expect("checked");
-            if let Some(best) = s.argmax(ops, x, &ExactHead::W8 { head, xq })? {
-                return Ok(best);
+            if let Some(s) = self.screen.as_mut() {
+                if let Some(best) = s.argmax(ops, x, &ExactHead::W8 { head, xq })? {
+                    return Ok(best);
+                }
             }
         }
         self.lm_head(ops, x, None, rows)
