@@ -506,7 +506,8 @@ impl Model {
     }
 
     /// Feeds `token` and returns the most likely next token, computed by the BPF LM head with a
-    /// fused argmax (no logits are copied out).
+    /// fused argmax (no logits are copied out): the screened head ([`crate::screen`]) unless the
+    /// model was opened with [`ModelOptions::screened_head`] false; the same token either way.
     pub fn next_token(&mut self, token: u32) -> Result<u32> {
         Ok(self.step(token, false)?.0 as u32)
     }

@@ -355,7 +355,8 @@ impl WeightStore for IntStore {
     }
 
     fn enable_screen(&mut self) -> bool {
-        self.screened = self.plan.lm_head == W8A16;
+        self.screened = self.plan.lm_head == W8A16
+            && crate::screen::fits(SCREEN, self.cfg.vocab_size, self.cfg.hidden_size);
         self.screened
     }
 

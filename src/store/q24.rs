@@ -166,8 +166,9 @@ impl WeightStore for Q24Store {
     }
 
     fn enable_screen(&mut self) -> bool {
-        self.screen_format = Some(SCREEN);
-        true
+        let fits = crate::screen::fits(SCREEN, self.cfg.vocab_size, self.cfg.hidden_size);
+        self.screen_format = fits.then_some(SCREEN);
+        fits
     }
 
     fn screen_bytes(&self) -> usize {
