@@ -9,6 +9,10 @@
 //!   reference (one thread) and of each BPF weight store, on the synthetic Qwen3-0.6B of
 //!   `qwen_bpf::default_model` (generated once, ~1.2 GB, plus each store's cache on its first
 //!   load), or on the model directory in `$QWEN_BPF_BENCH_MODEL`. Throughput is tokens/s.
+//! * `screened_head`: `next_token` with the screened LM head (`qwen_bpf::screen`, the default)
+//!   against the full exact head, for the q24 and int4 stores, on one model per store switched
+//!   between the two (`Model::set_screened_head`), so that their ratio is measured in one run:
+//!   `cargo bench --bench decode -- screened_head`.
 //! * `kernels`: the plain Q24 matrix-vector product, BPF (`Ops::matvec`) vs its Rust twin
 //!   (`qwen_bpf::fixed::matvec`), and the SWAR W4A8 / W8A16 kernels (`Ops::w4a8_matvec`,
 //!   `Ops::w8a16_matvec`) vs theirs (`qwen_bpf::swar::matvec_quantized`), at the 0.6B shapes, in
@@ -51,7 +55,19 @@ fn model_dir() -> PathBuf {
     }
 }
 
+/// Whether criterion's name filter (the first free command-line argument, if any) may select
+/// benchmarks of `group`: the groups' setup (loading models) is skipped otherwise.
+fn selected(group: &str) -> bool {
+    match std::env::args().skip(1).find(|a| !a.starts_with('-')) {
+        Some(f) => group.contains(f.as_str()) || f.starts_with(group),
+        None => true,
+    }
+}
+
 fn decode(c: &mut Criterion) {
+    if !selected("decode") {
+        return;
+    }
     let dir = model_dir();
     let mut g = c.benchmark_group("decode");
     g.sample_size(10)
@@ -99,12 +115,52 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
+fn screened_head(c: &mut Criterion) {
+    if !selected("screened_head") {
+        return;
+    }
+    let dir = model_dir();
+    let mut g = c.benchmark_group("screened_head");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(8))
+        .throughput(Throughput::Elements(1));
+    for backend in [Backend::Q24, Backend::Int4] {
+        let opts = ModelOptions {
+            backend,
+            max_context: MAX_CONTEXT,
+            progress: true,
+            ..Default::default()
+        };
+        let mut m = Model::open(&dir, &opts)
+            .unwrap_or_else(|e| panic!("opening the {} store: {e}", backend.name()));
+        let mut token = FIRST_TOKEN;
+        for screened in [true, false] {
+            m.set_screened_head(screened);
+            let name = if screened { "screened" } else { "exact" };
+            g.bench_function(BenchmarkId::new(backend.name(), name), |b| {
+                b.iter(|| {
+                    if m.position() == MAX_CONTEXT {
+                        m.reset();
+                    }
+                    token = m.next_token(token).expect("BPF forward");
+                    black_box(token)
+                })
+            });
+        }
+    }
+    g.finish();
+}
+
 /// Deterministic data, uniform in `[-m, m]`.
 fn random_vec(seed: u64, n: usize, m: i64) -> Vec<i32> {
     rng::Rng(seed).vec(n, m)
 }
 
 fn kernels(c: &mut Criterion) {
+    if !selected("kernels") {
+        return;
+    }
     let bytes: usize = SHAPES
         .iter()
         .map(|&(r, k)| (r * k + k + r) * 4 * 3 + 16 * 4096 + 2 * qwen_bpf::swar::QuantX::bytes(k))
@@ -208,5 +264,5 @@ fn kernels(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, kernels);
+criterion_group!(benches, decode, screened_head, kernels);
 criterion_main!(benches);

@@ -67,6 +67,8 @@ pub mod reference;
 #[doc(hidden)]
 pub mod sampling;
 #[doc(hidden)]
+pub mod screen;
+#[doc(hidden)]
 pub mod store;
 #[doc(hidden)]
 pub mod swar;

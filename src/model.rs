@@ -43,6 +43,11 @@ pub struct ModelOptions {
     /// Threads for the largest operators (fused gate/up, LM head): each such operator becomes one
     /// BPF run per thread over its share of the rows. Default: the CPUs available, at most 2.
     pub threads: usize,
+    /// [`Model::next_token`] screens the LM head with a low-bit copy and rescores exactly only
+    /// the rows that can win (see [`crate::screen`]): the same token as the full head, faster
+    /// where the screen prunes. Default true for the q24 and int stores (the screen costs arena
+    /// memory, reported in [`KernelMemory::head_screen`]); false runs the full exact head.
+    pub screened_head: bool,
 }
 
 impl Default for ModelOptions {
@@ -57,6 +62,7 @@ impl Default for ModelOptions {
             cache_dir: None,
             progress: false,
             threads: cpus.min(2),
+            screened_head: true,
         }
     }
 }
@@ -113,6 +119,9 @@ pub struct KernelMemory {
     pub kv_committed: usize,
     /// Activations, RoPE/exp tables, attention scratch, logits.
     pub scratch: usize,
+    /// The LM-head screen of [`ModelOptions::screened_head`] (low-bit head copy, scales, per-row
+    /// norms, screen logits): part of `weights`.
+    pub head_screen: usize,
 }
 
 impl KernelMemory {
@@ -269,6 +278,8 @@ pub struct Model {
     identity: String,
     /// The last logits [`Model::forward`] returned, converted to f32 (`vocab_size`).
     logits: Vec<f32>,
+    /// Whether `next_token` uses the screened LM head (`ModelOptions::screened_head`).
+    screened: bool,
 }
 
 impl std::fmt::Debug for Model {
@@ -328,6 +339,7 @@ impl Model {
         let identity = ck.identity();
         let cache_dir = opts.cache_dir.clone().unwrap_or_else(|| dir.to_path_buf());
         let mut store = opts.backend.open(&ck, &cache_dir, opts.progress)?;
+        let screened = opts.screened_head && store.enable_screen();
         drop(ck);
         let weights = store.arena_bytes().div_ceil(PAGE) * PAGE;
         let memory = KernelMemory {
@@ -335,6 +347,7 @@ impl Model {
             kv_cache: kv,
             kv_committed: 0,
             scratch,
+            head_screen: store.screen_bytes(),
         };
         // Again with the store's exact weight bytes (the estimate above covers only q24).
         check_arena(weights, kv, scratch, opts.max_context)?;
@@ -365,6 +378,7 @@ impl Model {
             b,
             pos: 0,
             memory,
+            screened,
         })
     }
 
@@ -549,9 +563,28 @@ impl Model {
     }
 
     /// Feeds `token` and returns the most likely next token, computed by the BPF LM head with a
-    /// fused argmax (no logits are copied out).
+    /// fused argmax (no logits are copied out): the screened head ([`crate::screen`]) unless the
+    /// model was opened with [`ModelOptions::screened_head`] false; the same token either way.
     pub fn next_token(&mut self, token: u32) -> Result<u32> {
         Ok(self.step(token, false)?.0 as u32)
+    }
+
+    /// Whether [`Model::next_token`] uses the screened head (see [`ModelOptions::screened_head`]).
+    pub fn screened_head(&self) -> bool {
+        self.screened
+    }
+
+    /// For benchmarks and tests: switches [`Model::next_token`] between the screened head (when
+    /// the model was opened with one) and the full exact head.
+    #[doc(hidden)]
+    pub fn set_screened_head(&mut self, on: bool) {
+        self.screened = on && self.memory.head_screen > 0;
+    }
+
+    /// What the screened head found at the last [`Model::next_token`]: rows rescored exactly,
+    /// the best lower bound. `None` when the full head ran.
+    pub fn head_screen_result(&self) -> Option<crate::kernel::swar_ops::ScreenResult> {
+        self.store.screen_result().filter(|_| self.screened)
     }
 
     /// Feeds a whole prompt and returns the logits after its last token. The prompt is checked
@@ -705,7 +738,11 @@ impl Model {
         // 9. xn = RMSNorm(x; model.norm)                               xn [hidden]
         ops.rmsnorm(b.x, true, store.norm(Norm::Final), b.xn, h, 1, eps)?;
         // 10. logits = lm_head · xn, and their argmax                  logits [vocab]
-        let best = store.lm_head(ops, b.xn, want_logits.then_some(b.logits), 0..c.vocab_size)?;
+        let best = if want_logits || !self.screened {
+            store.lm_head(ops, b.xn, want_logits.then_some(b.logits), 0..c.vocab_size)?
+        } else {
+            store.lm_head_argmax(ops, b.xn, 0..c.vocab_size)?
+        };
         self.pos += 1;
         Ok(best)
     }

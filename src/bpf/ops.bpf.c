@@ -554,6 +554,9 @@ int attention(struct attention_args *a)
 /* ------------------------------------------------------------------ low-bit SWAR kernels */
 #include "swar.bpf.h"
 
+/* ------------------------------------------------------------------ screened LM-head argmax */
+#include "argmax.bpf.h"
+
 /* ------------------------------------------------------------------ int8 KV-cache attention */
 #include "kv8.bpf.h"
 

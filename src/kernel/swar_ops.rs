@@ -10,7 +10,8 @@ use crate::swar::{
 };
 use crate::{Error, Result};
 
-use super::ops::skel::types::{quantize_x_args, swar_mv_args};
+use super::ops::skel::types::{quantize_x_args, screen_argmax_args, swar_mv_args};
+use crate::screen::TokenBound;
 
 /// A packed matrix in the arena (see [`Ops::upload_int4`], [`Ops::upload_int8`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -287,5 +288,120 @@ impl Ops {
         rows: Rows,
     ) -> Result<(usize, i32)> {
         self.swar_lm_head_as(W8A16, m, xq, y, rows)
+    }
+}
+
+/// The exact head the `screen_argmax` program rescores candidates with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExactHead {
+    /// Q24 rows `[rows][k]` (`lm_head_argmax`'s integers) times the Q16 activations `x`.
+    Q24 {
+        /// The whole head.
+        w: Region,
+        /// `k` i32 Q16 activations.
+        x: Region,
+    },
+    /// A W8A16 head (`w8a16_lm_head_argmax`'s integers) times its quantised activations.
+    W8 {
+        /// The whole head.
+        head: PackedRegions,
+        /// The activations, quantised by `quantize_x16`.
+        xq: QuantXRegion,
+    },
+}
+
+/// Arena regions of a screened head (see [`crate::screen`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScreenRegions {
+    /// The screen logits, i32 `[rows]`.
+    pub s: Region,
+    /// `nd`, u32 `[rows]`.
+    pub nd: Region,
+    /// `nv`, u32 `[rows]`.
+    pub nv: Region,
+}
+
+/// What `screen_argmax` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScreenResult {
+    /// The exact argmax (first on ties).
+    pub best: usize,
+    /// Its exact Q16 logit.
+    pub best_val: i32,
+    /// Rows rescored exactly (whole blocks of 4 for a W8 head).
+    pub candidates: usize,
+    /// The best lower bound `L`.
+    pub lower: i64,
+}
+
+impl Ops {
+    /// The exact argmax over `rows` rows of the head from screen logits already in `r.s`, the
+    /// per-row norms and the token's bound factors (BPF `screen_argmax`, one run; twin:
+    /// [`crate::screen::candidates`] then [`crate::screen::rescore`]).
+    pub fn screen_argmax(
+        &mut self,
+        r: &ScreenRegions,
+        exact: &ExactHead,
+        rows: usize,
+        k: usize,
+        t: &TokenBound,
+    ) -> Result<ScreenResult> {
+        if r.s.len < rows * 4 || r.nd.len < rows * 4 || r.nv.len < rows * 4 {
+            return Err(invalid(format!(
+                "screen_argmax: buffers too small for {rows} rows"
+            )));
+        }
+        let (w, ws, x, w8) = match exact {
+            ExactHead::Q24 { w, x } => {
+                if w.len < rows * k * 4 || x.len < k * 4 {
+                    return Err(invalid(format!("screen_argmax: a Q24 head of {rows}x{k}")));
+                }
+                (self.addr_of(*w), 0, self.addr_of(*x), 0)
+            }
+            ExactHead::W8 { head, xq } => {
+                if head.format != W8A16
+                    || xq.format != W8A16
+                    || head.cols != k
+                    || xq.k != k
+                    || head.rows < rows
+                {
+                    return Err(invalid(format!("screen_argmax: a W8 head of {rows}x{k}")));
+                }
+                (
+                    self.addr_of(head.words),
+                    self.addr_of(head.scales),
+                    self.addr_of(xq.region),
+                    1,
+                )
+            }
+        };
+        let mut a = screen_argmax_args {
+            s: self.addr_of(r.s),
+            nd: self.addr_of(r.nd),
+            nv: self.addr_of(r.nv),
+            w,
+            ws,
+            x,
+            bx: t.x,
+            by: t.y,
+            k: k as u32,
+            rows: rows as u32,
+            shift: t.shift,
+            w8,
+            ..Default::default()
+        };
+        self.run("screen_argmax", &mut a)?;
+        Ok(ScreenResult {
+            best: a.best as usize,
+            best_val: a.best_val as i32,
+            candidates: a.candidates as usize,
+            lower: a.lower,
+        })
+    }
+
+    /// The activations in a quantised buffer, as the twin's [`QuantX`].
+    pub fn read_quant_x(&self, xq: &QuantXRegion) -> Result<QuantX> {
+        let words = self.arena.slice::<u64>(xq.region)?;
+        Ok(QuantX::from_words(words, xq.k, xq.format.act_max))
     }
 }

@@ -99,6 +99,26 @@ pub trait WeightStore: Send {
         logits: Option<Region>,
         rows: Rows,
     ) -> Result<(usize, i32)>;
+    /// The argmax (row, Q16 logit) of the whole head (`rows` is all of it), exactly what
+    /// `lm_head(ops, x, None, rows)` returns. Stores with a screen ([`WeightStore::enable_screen`])
+    /// compute it at the screen's cost (see [`crate::screen`]).
+    fn lm_head_argmax(&mut self, ops: &mut Ops, x: Region, rows: Rows) -> Result<(usize, i32)> {
+        self.lm_head(ops, x, None, rows)
+    }
+    /// Asks for a screened head, built at [`WeightStore::upload`]; call before
+    /// [`WeightStore::arena_bytes`]. Returns whether this store has one.
+    fn enable_screen(&mut self) -> bool {
+        false
+    }
+    /// Arena bytes of the screen (part of [`WeightStore::arena_bytes`]).
+    fn screen_bytes(&self) -> usize {
+        0
+    }
+    /// What the screened head found at the last [`WeightStore::lm_head_argmax`] (`None`: no
+    /// screen, or the token fell back to the exact head).
+    fn screen_result(&self) -> Option<crate::kernel::swar_ops::ScreenResult> {
+        None
+    }
 }
 
 /// RMSNorm weights (Q20) copied from a cache file into the arena: every store keeps them resident.
