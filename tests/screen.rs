@@ -403,12 +403,18 @@ fn bpf_matches(cases: &[Case]) {
             );
 
             let xr = ops.arena.alloc(c.k * 4, "x").unwrap();
-            ops.arena.slice_mut::<i32>(xr).unwrap().copy_from_slice(&c.x);
+            ops.arena
+                .slice_mut::<i32>(xr)
+                .unwrap()
+                .copy_from_slice(&c.x);
             let mut head = ScreenedHead::upload(&mut ops, &scr).unwrap();
             let (exact, bpf_full) = match kind {
                 Exact::Q24 => {
                     let wr = ops.arena.alloc(c.rows * c.k * 4, "w").unwrap();
-                    ops.arena.slice_mut::<i32>(wr).unwrap().copy_from_slice(&c.w);
+                    ops.arena
+                        .slice_mut::<i32>(wr)
+                        .unwrap()
+                        .copy_from_slice(&c.w);
                     let f = ops.lm_head_argmax(wr, xr, None, c.k, 0..c.rows).unwrap();
                     (ExactHead::Q24 { w: wr, x: xr }, f)
                 }
