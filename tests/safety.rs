@@ -912,6 +912,11 @@ fn probe_results_map_to_privilege_or_feature_errors() {
 #[test]
 fn open_forward_drop_200_times_returns_every_kernel_object_and_the_memory() {
     let _g = serial();
+    // One malloc arena for the whole process: opening a q24 model builds its LM-head screen on
+    // short-lived threads, and glibc keeps a heap per thread that has ever allocated, whose freed
+    // pages stay resident as fragments. With one arena, VmRSS growth is what is still allocated.
+    // SAFETY: mallopt only tunes the allocator.
+    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     let dir = common::tiny_model("safety-tiny");
     let cycle = |i: usize| {
         let backend = if i % 2 == 0 {
@@ -932,6 +937,8 @@ fn open_forward_drop_200_times_returns_every_kernel_object_and_the_memory() {
     };
     // Warm up: libbpf caches kernel BTF and the allocator grows its pools on first use.
     let first = [cycle(0).0, cycle(1).0];
+    // SAFETY: as below.
+    unsafe { libc::malloc_trim(0) };
     let (fd0, rss0, maps0) = (fds(), status_bytes("VmRSS"), bpf_and_file_mappings(&dir));
     // Two workers of 100 cycles each: loading the operator programs (the verifier) dominates a
     // cycle, and two cores halve the wall time; it also shows concurrent loads and drops clean up.
@@ -961,6 +968,10 @@ fn open_forward_drop_200_times_returns_every_kernel_object_and_the_memory() {
             .max()
             .unwrap()
     });
+    // Freed heap stays in glibc's per-thread arenas (the two workers each have one) until trimmed:
+    // give it back first, so that what remains is what is still allocated.
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe { libc::malloc_trim(0) };
     let (fd1, rss1, maps1) = (fds(), status_bytes("VmRSS"), bpf_and_file_mappings(&dir));
     eprintln!(
         "200 cycles in {:.1?}; fds {fd0:?} -> {fd1:?}; VmRSS {} -> {} KiB (peak with a live model {} KiB)",
