@@ -161,28 +161,34 @@ impl Screen {
         let threads = std::thread::available_parallelism()
             .map_or(1, |n| n.get())
             .clamp(1, 4);
-        let per = rows.div_ceil(threads).div_ceil(8) * 8;
-        // Per thread's rows: codes, scales, ||d||_2^2, ||V||_2^2, max of the L1 norms.
-        type Part = (Vec<i8>, Vec<u32>, Vec<u128>, Vec<u128>, u128);
-        let parts: Vec<Part> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..threads)
-                .map(|t| {
+        let per = (rows.div_ceil(threads).div_ceil(8) * 8).max(8);
+        // Every buffer is allocated here and lent to the threads in disjoint chunks: a thread
+        // that allocated would get a glibc heap of its own, whose freed pages stay resident after
+        // the thread ends (reopening models would then grow the process by megabytes each time).
+        let groups = k / GROUP;
+        let (mut codes, mut scales) = (vec![0i8; rows * k], vec![0u32; rows * groups]);
+        let (mut dd, mut vv) = (vec![0u128; rows], vec![0u128; rows]);
+        let mut work = vec![0i64; threads * k];
+        let l1 = std::thread::scope(|s| {
+            let hs: Vec<_> = codes
+                .chunks_mut(per * k)
+                .zip(scales.chunks_mut(per * groups))
+                .zip(dd.chunks_mut(per).zip(vv.chunks_mut(per)))
+                .zip(work.chunks_mut(k))
+                .enumerate()
+                .map(|(t, (((codes, scales), (dd, vv)), w))| {
                     let row = &row;
                     s.spawn(move || {
-                        let (r0, r1) = ((t * per).min(rows), ((t + 1) * per).min(rows));
-                        let n = r1 - r0;
-                        let (mut codes, mut scales) = (vec![0i8; n * k], vec![0u32; n * k / GROUP]);
-                        let (mut dd, mut vv, mut l1) = (vec![0u128; n], vec![0u128; n], 0u128);
-                        let mut w = vec![0i64; k];
-                        for i in 0..n {
-                            row(r0 + i, &mut w);
+                        let mut l1 = 0u128;
+                        for i in 0..dd.len() {
+                            row(t * per + i, w);
                             let (mut w1, mut v1) = (0u128, 0u128);
-                            for g in 0..k / GROUP {
+                            for g in 0..groups {
                                 let grp = &w[g * GROUP..(g + 1) * GROUP];
                                 let m =
                                     grp.iter().map(|v| v.unsigned_abs()).max().unwrap_or(0) as i64;
                                 let sc = (m + cmax - 1) / cmax;
-                                scales[i * (k / GROUP) + g] = sc as u32;
+                                scales[i * groups + g] = sc as u32;
                                 for (j, &v) in grp.iter().enumerate() {
                                     let c = if sc == 0 {
                                         0
@@ -200,28 +206,18 @@ impl Screen {
                             }
                             l1 = l1.max(w1).max(v1);
                         }
-                        (codes, scales, dd, vv, l1)
+                        l1
                     })
                 })
                 .collect();
             hs.into_iter()
                 .map(|h| h.join().expect("screen builder"))
-                .collect()
+                .max()
+                .unwrap_or(0)
         });
-        let (mut codes, mut scales, mut dd, mut vv, mut l1) = (
-            Vec::with_capacity(rows * k),
-            Vec::new(),
-            Vec::new(),
-            Vec::new(),
-            0,
-        );
-        for (c, s, d, v, l) in parts {
-            codes.extend(c);
-            scales.extend(s);
-            dd.extend(d.into_iter().map(ceil_sqrt));
-            vv.extend(v.into_iter().map(ceil_sqrt));
-            l1 = l1.max(l);
-        }
+        drop(work);
+        let dd: Vec<u128> = dd.into_iter().map(ceil_sqrt).collect();
+        let vv: Vec<u128> = vv.into_iter().map(ceil_sqrt).collect();
         let weights = if format == W4A8 {
             ScreenWeights::W4(Int4Matrix::from_codes(rows, k, &codes, &scales))
         } else {

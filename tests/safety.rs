@@ -912,11 +912,6 @@ fn probe_results_map_to_privilege_or_feature_errors() {
 #[test]
 fn open_forward_drop_200_times_returns_every_kernel_object_and_the_memory() {
     let _g = serial();
-    // One malloc arena for the whole process: opening a q24 model builds its LM-head screen on
-    // short-lived threads, and glibc keeps a heap per thread that has ever allocated, whose freed
-    // pages stay resident as fragments. With one arena, VmRSS growth is what is still allocated.
-    // SAFETY: mallopt only tunes the allocator.
-    unsafe { libc::mallopt(libc::M_ARENA_MAX, 1) };
     let dir = common::tiny_model("safety-tiny");
     let cycle = |i: usize| {
         let backend = if i % 2 == 0 {
@@ -968,8 +963,8 @@ fn open_forward_drop_200_times_returns_every_kernel_object_and_the_memory() {
             .max()
             .unwrap()
     });
-    // Freed heap stays in glibc's per-thread arenas (the two workers each have one) until trimmed:
-    // give it back first, so that what remains is what is still allocated.
+    // Freed heap stays in glibc's arenas (the two workers each have one) until trimmed: give it
+    // back first, so that what remains is what is still allocated.
     // SAFETY: malloc_trim only releases free memory of the allocator.
     unsafe { libc::malloc_trim(0) };
     let (fd1, rss1, maps1) = (fds(), status_bytes("VmRSS"), bpf_and_file_mappings(&dir));
