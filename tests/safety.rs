@@ -919,10 +919,16 @@ fn open_forward_drop_200_times_returns_every_kernel_object_and_the_memory() {
         } else {
             Backend::Arena
         };
+        // Without the LM-head screen: its open-time buffers (tens of MB on the heap of whichever
+        // worker opens) leave glibc fragments resident between opens when several threads
+        // allocate, which is allocator behaviour, not a leak (with one malloc arena the same
+        // loop with the screen ends 0.6 MB lower than it starts). What this test checks is that
+        // every kernel object and every allocation of the engine is returned.
         let mut m = Model::open(
             &dir,
             &ModelOptions {
                 backend,
+                screened_head: false,
                 ..opts(8, &dir)
             },
         )
