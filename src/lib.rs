@@ -63,6 +63,8 @@ pub mod limits;
 #[doc(hidden)]
 pub mod model;
 #[doc(hidden)]
+pub mod plan;
+#[doc(hidden)]
 pub mod reference;
 #[doc(hidden)]
 pub mod sampling;
@@ -87,6 +89,7 @@ pub use forward::Forward;
 pub use generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
 pub use kv::{saved_position, KvFormat};
 pub use model::{KernelMemory, Model, ModelOptions};
+pub use plan::Dispatch;
 pub use reference::Reference;
 pub use sampling::{Candidate, Sampler, SamplingParams};
 pub use store::Backend;

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 
 use crate::fixed::{self, AttnShape};
 use crate::kernel::arena::{Region, MAX_ARENA_BYTES, PAGE};
-use crate::kernel::ops::{kv8_pairs, AttentionBuffers, AttentionI8Buffers, Ops};
+use crate::kernel::ops::{first_best, kv8_pairs, AttentionBuffers, AttentionI8Buffers, Ops, PlanFailure};
+use crate::plan::{self, Dispatch, Plan};
 use crate::kv::{self, ContextHeader, KvCache, KvFormat};
 use crate::store::{linear_rows, Backend, Linear, Norm, WeightStore};
 use crate::{Checkpoint, Config, Error, Forward, Result};
@@ -48,6 +49,9 @@ pub struct ModelOptions {
     /// where the screen prunes. Default true for the q24 and int stores (the screen costs arena
     /// memory, reported in [`KernelMemory::head_screen`]); false runs the full exact head.
     pub screened_head: bool,
+    /// How each token's step is run (default [`Dispatch::Auto`]: in the kernel, one `run_plan`
+    /// invocation per thread, wherever the store allows it).
+    pub dispatch: Dispatch,
 }
 
 impl Default for ModelOptions {
@@ -63,6 +67,7 @@ impl Default for ModelOptions {
             progress: false,
             threads: cpus.min(2),
             screened_head: true,
+            dispatch: Dispatch::Auto,
         }
     }
 }
@@ -101,6 +106,12 @@ impl ModelOptions {
     /// Sets [`ModelOptions::threads`].
     pub fn with_threads(mut self, threads: usize) -> Self {
         self.threads = threads;
+        self
+    }
+
+    /// Sets [`ModelOptions::dispatch`].
+    pub fn with_dispatch(mut self, dispatch: Dispatch) -> Self {
+        self.dispatch = dispatch;
         self
     }
 }
@@ -149,6 +160,7 @@ struct Buffers {
     sin: Region,      // i32 Q30 [max_ctx][head_dim/2]
     kv: KvCache,      // per layer: Q16 K, V [max_ctx][kv_dim], or int8 codes and steps
     ksh: Vec<Region>, // per layer u8 [head_dim]: int8 KV key smoothing shifts (else empty)
+    plan: Region,     // plan::Slot [threads][entries]: the recorded step (see crate::plan)
 }
 
 /// Bytes of each forward-pass buffer for `cfg` and `max_ctx`: the one list that both sizes the
@@ -169,10 +181,11 @@ struct BufferSizes {
     kv: usize,   // the whole KV cache, page-rounded per array
     ksh: usize,  // each layer's key smoothing shifts (int8 KV)
     ksh_layers: usize,
+    plan: usize, // the plan's slots, for up to ENTRIES_PER_LAYER per layer
 }
 
 impl BufferSizes {
-    fn new(cfg: &Config, max_ctx: usize, kv: KvFormat) -> BufferSizes {
+    fn new(cfg: &Config, max_ctx: usize, kv: KvFormat, threads: usize) -> BufferSizes {
         let (hd, nq) = (cfg.head_dim(), cfg.num_attention_heads);
         let (pairs, ksh_layers) = match kv {
             KvFormat::Q16 => (0, 0),
@@ -197,6 +210,10 @@ impl BufferSizes {
             kv: KvCache::reserved_bytes(kv, cfg, max_ctx),
             ksh: hd,
             ksh_layers,
+            plan: Plan::arena_bytes(
+                plan_capacity(cfg),
+                threads.clamp(1, plan::THREADS_MAX),
+            ),
         }
     }
 
@@ -206,7 +223,7 @@ impl BufferSizes {
         let s = self;
         let scratch = [
             s.x, s.xn, s.qkv, s.att, s.mlp, s.logits, s.probs, s.acc, s.wv, s.qq, s.exp2, s.rope,
-            s.rope,
+            s.rope, s.plan,
         ]
         .iter()
         .map(|&b| page(b))
@@ -214,6 +231,11 @@ impl BufferSizes {
             + s.ksh_layers * page(s.ksh);
         (scratch, s.kv)
     }
+}
+
+/// Plan entries the arena holds room for.
+fn plan_capacity(cfg: &Config) -> usize {
+    plan::ENTRIES_PER_LAYER * (cfg.num_hidden_layers + 1)
 }
 
 /// Refuses an arena of `weights + kv + scratch` bytes beyond the kernel's 4 GiB limit.
@@ -280,6 +302,12 @@ pub struct Model {
     logits: Vec<f32>,
     /// Whether `next_token` uses the screened LM head (`ModelOptions::screened_head`).
     screened: bool,
+    /// The recorded step, when the store can be planned (see [`crate::plan`]).
+    plan: Option<std::sync::Arc<Plan>>,
+    /// How the plan runs: [`Dispatch::Kernel`] or [`Dispatch::PerOp`].
+    dispatch: Dispatch,
+    /// Kernel runs whose barrier timed out and that ran per operator instead.
+    fallbacks: u64,
 }
 
 impl std::fmt::Debug for Model {
@@ -321,7 +349,8 @@ impl Model {
                 ),
             });
         }
-        let (scratch, kv) = BufferSizes::new(&cfg, opts.max_context, opts.kv).arena_bytes();
+        let (scratch, kv) =
+            BufferSizes::new(&cfg, opts.max_context, opts.kv, opts.threads).arena_bytes();
         // Only the resident Q24 store's weight bytes are known before conversion.
         let weights_estimate = if opts.backend == Backend::Q24 {
             cfg.num_parameters() * 4
@@ -339,6 +368,17 @@ impl Model {
         let identity = ck.identity();
         let cache_dir = opts.cache_dir.clone().unwrap_or_else(|| dir.to_path_buf());
         let mut store = opts.backend.open(&ck, &cache_dir, opts.progress)?;
+        let plannable = store.enable_plan();
+        let dispatch = match opts.dispatch {
+            Dispatch::Kernel if !plannable => {
+                return Err(Error::Invalid(format!(
+                    "dispatch kernel needs every weight resident in the arena; the {} store moves weights from user space between operators (use per-op)",
+                    store.name()
+                )))
+            }
+            Dispatch::Auto | Dispatch::Kernel if plannable => Dispatch::Kernel,
+            _ => Dispatch::PerOp,
+        };
         let screened = opts.screened_head && store.enable_screen();
         drop(ck);
         let weights = store.arena_bytes().div_ceil(PAGE) * PAGE;
@@ -355,7 +395,7 @@ impl Model {
         let mut ops = Ops::load(memory.total())?;
         ops.set_threads(opts.threads);
         store.upload(&mut ops)?;
-        let mut b = Self::alloc_buffers(&mut ops, &cfg, opts.max_context, opts.kv)?;
+        let mut b = Self::alloc_buffers(&mut ops, &cfg, opts.max_context, opts.kv, opts.threads)?;
         if opts.kv == KvFormat::Int8 {
             for l in 0..cfg.num_hidden_layers {
                 let w = ops.arena.slice::<i32>(store.norm(Norm::K(l)))?.to_vec();
@@ -379,12 +419,52 @@ impl Model {
             pos: 0,
             memory,
             screened,
+            plan: None,
+            dispatch,
+            fallbacks: 0,
+        })
+        .and_then(|mut m| {
+            if plannable {
+                m.plan = Some(std::sync::Arc::new(m.record()?));
+            }
+            Ok(m)
         })
     }
 
-    fn alloc_buffers(ops: &mut Ops, cfg: &Config, max_ctx: usize, kv: KvFormat) -> Result<Buffers> {
+    /// Records the step as a plan (token 0 at position 0; see [`crate::plan`]) and uploads its
+    /// slots to the arena.
+    fn record(&mut self) -> Result<Plan> {
+        self.ops.start_recording();
+        let emitted = self.emit(0, 0, true);
+        let entries = self.ops.finish_recording();
+        emitted?;
+        let plan = Plan::new(entries)?;
+        if plan.entries.last().and_then(|e| e.head).is_none() {
+            return Err(Error::Invalid("the recorded step does not end with the LM head".into()));
+        }
+        let slots = plan.slots();
+        let bytes: &[u8] = bytemuck::cast_slice(&slots);
+        if bytes.len() > self.b.plan.len() {
+            return Err(Error::Invalid(format!(
+                "the recorded step needs {} bytes of plan slots; {} were reserved",
+                bytes.len(),
+                self.b.plan.len()
+            )));
+        }
+        let dst = self.b.plan.prefix(bytes.len())?;
+        self.ops.arena.slice_mut::<u8>(dst)?.copy_from_slice(bytes);
+        Ok(plan)
+    }
+
+    fn alloc_buffers(
+        ops: &mut Ops,
+        cfg: &Config,
+        max_ctx: usize,
+        kv: KvFormat,
+        threads: usize,
+    ) -> Result<Buffers> {
         let a = &mut ops.arena;
-        let z = BufferSizes::new(cfg, max_ctx, kv);
+        let z = BufferSizes::new(cfg, max_ctx, kv, threads);
         let b = Buffers {
             x: a.alloc(z.x, "x")?,
             xn: a.alloc(z.xn, "xn")?,
@@ -401,6 +481,7 @@ impl Model {
             sin: a.alloc(z.rope, "RoPE sin")?,
             kv: KvCache::reserve(a, kv, cfg, max_ctx)?,
             ksh: Vec::new(),
+            plan: a.alloc(z.plan, "plan slots")?,
         };
         a.slice_mut::<u32>(b.exp2)?
             .copy_from_slice(&fixed::exp2_table());
@@ -617,6 +698,42 @@ impl Model {
         self.forward(last)
     }
 
+    /// How the step runs: [`Dispatch::Kernel`] (one `run_plan` invocation per thread and
+    /// token) or [`Dispatch::PerOp`] (one `test_run` per operator run).
+    pub fn dispatch(&self) -> Dispatch {
+        self.dispatch
+    }
+
+    /// For benchmarks and tests: switches between [`Dispatch::Kernel`] and [`Dispatch::PerOp`]
+    /// ([`Dispatch::Auto`] picks the kernel); the kernel needs a store that can be planned.
+    #[doc(hidden)]
+    pub fn set_dispatch(&mut self, dispatch: Dispatch) -> Result<()> {
+        self.dispatch = match (dispatch, self.plan.is_some()) {
+            (Dispatch::Kernel, false) => {
+                return Err(Error::Invalid(format!(
+                    "dispatch kernel needs a store that can be planned, not {}",
+                    self.store.name()
+                )))
+            }
+            (Dispatch::Auto, true) | (Dispatch::Kernel, true) => Dispatch::Kernel,
+            _ => Dispatch::PerOp,
+        };
+        Ok(())
+    }
+
+    /// The recorded step (`None` for the arena-batch store, whose step runs live).
+    #[doc(hidden)]
+    pub fn plan(&self) -> Option<&Plan> {
+        self.plan.as_deref()
+    }
+
+    /// Kernel runs whose threads did not meet at a barrier in time (another process held the
+    /// CPUs), so that the token ran per operator instead; the result is the same.
+    #[doc(hidden)]
+    pub fn kernel_fallbacks(&self) -> u64 {
+        self.fallbacks
+    }
+
     /// One decoder pass at the current position. Returns the argmax (row, Q16 logit).
     fn step(&mut self, token: u32, want_logits: bool) -> Result<(usize, i32)> {
         let c = &self.cfg;
@@ -633,20 +750,60 @@ impl Model {
                 max_context: self.max_context,
             });
         }
-        let (h, hd, pos, eps) = (c.hidden_size, c.head_dim(), self.pos, self.eps_q64);
+        self.b.kv.ensure(&mut self.ops.arena, self.pos + 1);
+        let best = match self.plan.clone() {
+            None => self.emit(token, self.pos, want_logits)?,
+            Some(plan) => self.run_plan(&plan, token, want_logits)?,
+        };
+        self.pos += 1;
+        Ok(best)
+    }
+
+    /// Runs the recorded step for `token` at the current position, as [`Model::dispatch`] says.
+    fn run_plan(&mut self, plan: &Plan, token: u32, want_logits: bool) -> Result<(usize, i32)> {
+        let pos = self.pos as u32;
+        let head = plan.entries.last().expect("a recorded plan ends with the head");
+        let screened = !want_logits && self.screened;
+        if self.dispatch == Dispatch::Kernel {
+            let n = plan.entries.len();
+            match self.ops.run_plan(self.b.plan, n, plan.threads, token, pos) {
+                // threads past the head's parts ran no part of it
+                Ok(best) => return Ok(first_best(0, best.into_iter().take(head.parts.len()))),
+                Err(PlanFailure::TimedOut) => self.fallbacks += 1,
+                Err(PlanFailure::Error(e)) => return Err(e),
+            }
+        }
+        let body = &plan.entries[..plan.entries.len() - 1];
+        for e in body {
+            self.ops.run_entry(e, token, pos)?;
+        }
+        if screened {
+            return self
+                .store
+                .lm_head_argmax(&mut self.ops, self.b.xn, 0..self.cfg.vocab_size);
+        }
+        let parts = self.ops.run_entry(head, token, pos)?;
+        let fields = head.head.expect("the last entry is the head");
+        Ok(first_best(0, parts.iter().map(|a| fields.read(a))))
+    }
+
+    /// The forward pass of `token` at `pos`, one operator after another: the one statement of
+    /// the step. It runs live for stores that cannot be planned and is recorded once at open
+    /// into the plan ([`crate::plan`]) for the others. With `want_logits` the head writes the
+    /// logits; otherwise it only finds their argmax, screened where the model has a screen.
+    fn emit(&mut self, token: u32, pos: usize, want_logits: bool) -> Result<(usize, i32)> {
+        let c = &self.cfg;
+        let (h, hd, eps) = (c.hidden_size, c.head_dim(), self.eps_q64);
         let (nq, nkv, qd, kvd) = (
             c.num_attention_heads,
             c.num_key_value_heads,
             c.q_dim(),
             c.kv_dim(),
         );
-        self.b.kv.ensure(&mut self.ops.arena, pos + 1);
         let (ops, store, b) = (&mut self.ops, &mut self.store, &self.b);
         let q = b.qkv.sub(0, qd * 4)?; // [n_q][hd]
         let k = b.qkv.sub(qd * 4, kvd * 4)?; // [n_kv][hd]
         let v = b.qkv.sub((qd + kvd) * 4, kvd * 4)?; // [n_kv][hd]
-        let cos = b.cos.sub(pos * hd / 2 * 4, hd / 2 * 4)?; // [hd/2] at pos
-        let sin = b.sin.sub(pos * hd / 2 * 4, hd / 2 * 4)?;
         let shape = AttnShape {
             n_q: nq,
             n_kv: nkv,
@@ -674,8 +831,9 @@ impl Model {
                 k,
                 store.norm(Norm::Q(l)),
                 store.norm(Norm::K(l)),
-                cos,
-                sin,
+                b.cos, // [max_ctx][hd/2], the row at pos
+                b.sin,
+                pos,
                 nq,
                 nkv,
                 hd,
@@ -743,7 +901,6 @@ impl Model {
         } else {
             store.lm_head_argmax(ops, b.xn, 0..c.vocab_size)?
         };
-        self.pos += 1;
         Ok(best)
     }
 }

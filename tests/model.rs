@@ -4,7 +4,7 @@
 mod common;
 
 use qwen_bpf::twin::TwinModel;
-use qwen_bpf::{Checkpoint, Error, Forward, Model, ModelOptions, Reference};
+use qwen_bpf::{Checkpoint, Dispatch, Error, Forward, Model, ModelOptions, Reference};
 
 const TOKENS: [u32; 16] = [
     785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386,
@@ -21,12 +21,18 @@ fn open(dir: &std::path::Path, max_context: usize) -> Model {
     .expect("open the tiny model in BPF")
 }
 
-fn open_threads(dir: &std::path::Path, max_context: usize, threads: usize) -> Model {
+fn open_threads(
+    dir: &std::path::Path,
+    max_context: usize,
+    threads: usize,
+    dispatch: Dispatch,
+) -> Model {
     Model::open(
         dir,
         &ModelOptions {
             max_context,
             threads,
+            dispatch,
             ..Default::default()
         },
     )
@@ -36,25 +42,38 @@ fn open_threads(dir: &std::path::Path, max_context: usize, threads: usize) -> Mo
 #[test]
 fn bpf_forward_equals_twin_bit_for_bit_and_counts_runs() {
     let dir = common::tiny_model("model-tiny");
-    let mut m = open_threads(&dir, 32, 1);
-    let mut m2 = open_threads(&dir, 32, 2);
+    let mut per_op = open_threads(&dir, 32, 1, Dispatch::PerOp);
+    // (model, BPF runs per token): the kernel runs the whole step in one invocation per thread
+    let mut kernel = [
+        (open_threads(&dir, 32, 1, Dispatch::Kernel), 1),
+        (open_threads(&dir, 32, 2, Dispatch::Kernel), 2),
+        (open_threads(&dir, 32, 2, Dispatch::PerOp), 0),
+    ];
+    assert_eq!(kernel[1].0.dispatch(), Dispatch::Kernel);
     let mut twin = TwinModel::open(&dir, &dir, 32).unwrap();
-    let layers = m.config().num_hidden_layers as u64;
+    let layers = per_op.config().num_hidden_layers as u64;
     for (i, &t) in TOKENS.iter().enumerate() {
-        let before = m.bpf_runs();
-        let got = m.forward_fixed(t).unwrap().to_vec();
+        let before = per_op.bpf_runs();
+        let got = per_op.forward_fixed(t).unwrap().to_vec();
         assert_eq!(
-            m.bpf_runs() - before,
+            per_op.bpf_runs() - before,
             8 * layers + 3,
-            "BPF runs for token {i} on one thread"
+            "BPF runs for token {i} on one thread, per operator"
         );
         let (want, best) = twin.forward(t).unwrap();
         assert_eq!(got, want, "logits at position {i}: BPF vs Rust twin");
-        assert_eq!(
-            m2.forward_fixed(t).unwrap(),
-            want,
-            "logits at position {i}: BPF on two threads vs Rust twin"
-        );
+        for (m, runs) in &mut kernel {
+            let before = m.bpf_runs();
+            let what = format!("{} threads, {:?}", m.plan().unwrap().threads, m.dispatch());
+            assert_eq!(
+                m.forward_fixed(t).unwrap(),
+                want,
+                "logits at position {i}: BPF ({what}) vs Rust twin"
+            );
+            if *runs > 0 {
+                assert_eq!(m.bpf_runs() - before, *runs, "BPF runs for token {i} ({what})");
+            }
+        }
         let argmax = got
             .iter()
             .enumerate()
@@ -62,6 +81,9 @@ fn bpf_forward_equals_twin_bit_for_bit_and_counts_runs() {
             .unwrap()
             .0;
         assert_eq!(argmax, best, "twin argmax at position {i}");
+    }
+    for (m, _) in &kernel {
+        assert_eq!(m.kernel_fallbacks(), 0, "every kernel run met at its barriers");
     }
 }
 

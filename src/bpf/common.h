@@ -55,3 +55,14 @@ typedef __u64 u64;
 	l_continue:                                                               \
 		ret_;                                                             \
 	})
+
+/* An operator: the global function op_<name>(type *a), verified once on its own, and the
+ * SEC("syscall") program <name> that runs it on its ctx (one test_run per operator run). The
+ * plan interpreter (plan.bpf.h) calls the same global functions, in order, in one invocation. */
+#define OP(name, type)                                                                  \
+	__noinline int op_##name(type *a __arg_nonnull);                                \
+	SEC("syscall") int name(type *ctx)                                              \
+	{                                                                               \
+		return op_##name(ctx);                                                  \
+	}                                                                               \
+	__noinline int op_##name(type *a __arg_nonnull)

@@ -82,7 +82,7 @@ __noinline int kv8_quant_row(u64 xa, u64 ca, u64 sa, u64 sha, u32 hd)
 	u32 __arena *s = ARENA_PTR(u32, sa);
 	u64 amax = 0, step;
 
-	for (u32 d = 0; d < hd && d < KV8_HD_MAX; d++) {
+	for (u32 d = 0; d < hd && can_loop; d++) {
 		s64 v = kv8_smooth(x, sh, sha, d);
 		u64 a = v < 0 ? -v : v;
 
@@ -90,7 +90,7 @@ __noinline int kv8_quant_row(u64 xa, u64 ca, u64 sa, u64 sha, u32 hd)
 	}
 	step = (amax * 128 + 126) / 127;
 	*s = (u32)step;
-	for (u32 d = 0; d < hd && d < KV8_HD_MAX; d++) {
+	for (u32 d = 0; d < hd && can_loop; d++) {
 		s64 v = kv8_smooth(x, sh, sha, d);
 		u64 a = (u64)(v < 0 ? -v : v) * 128;
 		s64 r = step ? (s64)((2 * a + step) / (2 * step)) : 0;
@@ -120,7 +120,7 @@ __noinline u32 kv8_query_shift(u64 qa, u64 sha, u32 hd)
 	u64 m = 0;
 	u32 e = 0;
 
-	for (u32 d = 0; d < hd && d < KV8_HD_MAX; d++) {
+	for (u32 d = 0; d < hd && can_loop; d++) {
 		s64 v = (s64)q[d] << (sh[d] & 31);
 		u64 a = v < 0 ? -v : v;
 
@@ -155,7 +155,7 @@ __noinline u32 kv8_pack_queries(u64 qa, u64 qqa, u64 sha, u32 hd, u32 two)
 	u64 e1 = two ? kv8_query_shift(qa + (u64)hd * 4, sha, hd) & 63 : 0;
 	u64 keep = two ? ~0ULL : 0;
 
-	for (u32 d = 0; d < hd && d < KV8_HD_MAX; d++) {
+	for (u32 d = 0; d < hd && can_loop; d++) {
 		u64 k = sh[d] & 31;
 		u64 lo = kv8_qcode((s64)q0[d] << k, e0);
 		u64 hi = kv8_qcode(((s64)q1[d] << k) & (s64)keep, e1);
@@ -325,34 +325,46 @@ static __always_inline s64 kv8_score(s64 dot, u32 kstep, u32 e, s64 scale)
 	return sat32(rshr(s * scale, Q_SCALE));
 }
 
-/* One pair of query heads (h0 and, when `two`, h0 + 1) of kv head j over positions 0..pos. */
-static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0, u32 two, u32 pair)
-{
-	u32 hd = a->hd, npos = a->pos + 1, n_kv = a->n_kv;
-	u64 kvd = (u64)n_kv * hd;
-	u64 kc = a->k_codes + (u64)j * hd, vc = a->v_codes + (u64)j * hd;
-	const u32 __arena *ks = ARENA_PTR(const u32, a->k_steps + (u64)j * 4);
-	const u32 __arena *vs = ARENA_PTR(const u32, a->v_steps + (u64)j * 4);
-	u64 qq = a->qq + (u64)pair * hd * 8, acc = a->acc + (u64)pair * hd * 8;
-	u64 pa0 = a->probs + (u64)h0 * a->max_ctx * 4, pa1 = pa0 + (u64)a->max_ctx * 4;
-	u32 __arena *p0 = ARENA_PTR(u32, pa0);
-	u32 __arena *p1 = ARENA_PTR(u32, pa1);
-	u64 wva = a->wv + (u64)pair * a->max_ctx * 8;
-	u64 __arena *wv = ARENA_PTR(u64, wva);
-	u64 __arena *accp = ARENA_PTR(u64, acc);
-	s32 __arena *out = ARENA_PTR(s32, a->out + (u64)h0 * hd * 4);
-	s64 scale = a->scale_q22, m0 = -ACT_MAX, m1 = -ACT_MAX;
-	u64 sum0, sum1 = 1ULL << Q_ONE, inv0, inv1, vmax = 0, invv;
-	u32 ee, e0, e1;
+/* The arena addresses one pair of query heads works on (see kv8_attend_pair). */
+struct kv8_pair {
+	u64 ks, vs;   /* kv head j's key and value steps at position 0 (u32, n_kv apart) */
+	u64 pa0, pa1; /* the two heads' score / probability rows (u32 [max_ctx]) */
+	u64 wva;      /* the pair's packed dot products, then value weights (u64 [max_ctx]) */
+	u64 acc;      /* the pair's packed value sums (u64 [hd]) */
+};
 
-	/* 1. packed queries */
-	ee = kv8_pack_queries(a->q + (u64)h0 * hd * 4, qq, a->ksh, hd, two);
-	e0 = ee & 0xff;
-	e1 = (ee >> 8) & 0xff;
-	if (e0 > 60 || e1 > 60)
-		return 1;
-	/* 2. scores of both heads, their maxima, and the largest value step */
-	kv8_dots(qq, kc, kvd, wva, hd | (u64)npos << 32);
+static __always_inline void kv8_pair_at(struct attention_i8_args *a, u32 j, u32 h0, u32 pair,
+					struct kv8_pair *p)
+{
+	p->ks = a->k_steps + (u64)j * 4;
+	p->vs = a->v_steps + (u64)j * 4;
+	p->pa0 = a->probs + (u64)h0 * a->max_ctx * 4;
+	p->pa1 = p->pa0 + (u64)a->max_ctx * 4;
+	p->wva = a->wv + (u64)pair * a->max_ctx * 8;
+	p->acc = a->acc + (u64)pair * a->hd * 8;
+}
+
+/* Step 2 of kv8_attend_pair: the Q16 scores of both heads from the packed dot products, their
+ * maxima m0, m1 and the largest value step, left in acc[0..3) for the caller (acc is zeroed
+ * before step 5). A function of its own so that its loop's values do not stay live, and on the
+ * stack, beside the caller's (the plan interpreter calls attention inside a 512-byte stack).
+ * two_e = two | e0 << 8 | e1 << 16. */
+static __noinline int kv8_scores(struct attention_i8_args *a, u32 j, u32 h0, u32 pair, u32 two_e)
+{
+	struct kv8_pair p;
+	u32 npos = a->pos + 1, n_kv = a->n_kv, two = two_e & 1;
+	u32 e0 = (two_e >> 8) & 0xff, e1 = (two_e >> 16) & 0xff;
+	s64 scale = a->scale_q22, m0 = -ACT_MAX, m1 = -ACT_MAX;
+	u64 vmax = 0;
+
+	kv8_pair_at(a, j, h0, pair, &p);
+	const u64 __arena *wv = ARENA_PTR(const u64, p.wva);
+	const u32 __arena *ks = ARENA_PTR(const u32, p.ks);
+	const u32 __arena *vs = ARENA_PTR(const u32, p.vs);
+	u32 __arena *p0 = ARENA_PTR(u32, p.pa0);
+	u32 __arena *p1 = ARENA_PTR(u32, p.pa1);
+	u64 __arena *acc = ARENA_PTR(u64, p.acc);
+
 	for (u32 t = 0; t < npos && can_loop; t++) {
 		u64 w = wv[t]; /* this pair's packed dot products, until step 4 */
 		u32 kstep = ks[(u64)t * n_kv], vstep = vs[(u64)t * n_kv];
@@ -368,16 +380,27 @@ static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0
 		}
 		vmax = vstep > vmax ? vstep : vmax;
 	}
-	/* 3. exp(s - m) and the sums */
-	sum0 = softmax_exp(pa0, a->exp2, m0, npos);
-	if (two)
-		sum1 = softmax_exp(pa1, a->exp2, m1, npos);
-	if (sum0 == 0 || sum1 == 0)
-		return 1;
-	inv0 = (1ULL << 62) / sum0;
-	inv1 = (1ULL << 62) / sum1;
-	invv = vmax ? (1ULL << 55) / vmax : 0;
-	/* 4. packed value weights W_t of both heads */
+	acc[0] = (u64)m0;
+	acc[1] = (u64)m1;
+	acc[2] = vmax;
+	return 0;
+}
+
+/* Step 4 of kv8_attend_pair: the packed value weights W_t of both heads, from the reciprocals
+ * the caller left in acc[0..3) (inv0, inv1, invv). */
+static __noinline int kv8_weights(struct attention_i8_args *a, u32 j, u32 h0, u32 pair, u32 two)
+{
+	struct kv8_pair p;
+	u32 npos = a->pos + 1, n_kv = a->n_kv;
+
+	kv8_pair_at(a, j, h0, pair, &p);
+	u64 __arena *wv = ARENA_PTR(u64, p.wva);
+	const u32 __arena *vs = ARENA_PTR(const u32, p.vs);
+	const u32 __arena *p0 = ARENA_PTR(const u32, p.pa0);
+	const u32 __arena *p1 = ARENA_PTR(const u32, p.pa1);
+	const u64 __arena *acc = ARENA_PTR(const u64, p.acc);
+	u64 inv0 = acc[0], inv1 = acc[1], invv = acc[2];
+
 	for (u32 t = 0; t < npos && can_loop; t++) {
 		u64 r = ((u64)vs[(u64)t * n_kv] * invv) >> 32;
 		u64 w0 = ((((u64)p0[t] * inv0) >> 32) * r) >> Q_ONE;
@@ -385,15 +408,56 @@ static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0
 
 		wv[t] = w0 + (w1 << 32);
 	}
+	return 0;
+}
+
+/* One pair of query heads (h0 and, when `two`, h0 + 1) of kv head j over positions 0..pos. */
+static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0, u32 two, u32 pair)
+{
+	struct kv8_pair p;
+	u32 hd = a->hd, npos = a->pos + 1;
+	u64 kvd = (u64)a->n_kv * hd;
+	u64 __arena *accp;
+	s64 m0, m1;
+	u64 sum0, sum1 = 1ULL << Q_ONE, vmax;
+	u32 ee, e0, e1;
+
+	kv8_pair_at(a, j, h0, pair, &p);
+	accp = ARENA_PTR(u64, p.acc);
+	/* 1. packed queries */
+	ee = kv8_pack_queries(a->q + (u64)h0 * hd * 4, a->qq + (u64)pair * hd * 8, a->ksh, hd, two);
+	e0 = ee & 0xff;
+	e1 = (ee >> 8) & 0xff;
+	if (e0 > 60 || e1 > 60)
+		return 1;
+	/* 2. scores of both heads, their maxima, and the largest value step */
+	kv8_dots(a->qq + (u64)pair * hd * 8, a->k_codes + (u64)j * hd, kvd, p.wva, hd | (u64)npos << 32);
+	kv8_scores(a, j, h0, pair, two | e0 << 8 | e1 << 16);
+	m0 = (s64)accp[0];
+	m1 = (s64)accp[1];
+	vmax = accp[2];
+	/* 3. exp(s - m) and the sums */
+	sum0 = softmax_exp(p.pa0, a->exp2, m0, npos);
+	if (two)
+		sum1 = softmax_exp(p.pa1, a->exp2, m1, npos);
+	if (sum0 == 0 || sum1 == 0)
+		return 1;
+	/* 4. packed value weights W_t of both heads */
+	accp[0] = (1ULL << 62) / sum0;
+	accp[1] = (1ULL << 62) / sum1;
+	accp[2] = vmax ? (1ULL << 55) / vmax : 0;
+	kv8_weights(a, j, h0, pair, two);
 	/* 5. sums of weighted value codes, then out = lane * V / 2^30 */
 	FOR(d, 0, hd)
 		accp[d] = 0;
 	FOR(blk, 0, (npos + KV8_TBLOCK - 1) / KV8_TBLOCK) {
 		u32 t0 = blk * KV8_TBLOCK;
 
-		kv8_axpys(acc, wva + (u64)t0 * 8, vc + (u64)t0 * kvd, kvd, hd | (u64)(npos - t0) << 32);
+		kv8_axpys(p.acc, p.wva + (u64)t0 * 8, a->v_codes + (u64)j * hd + (u64)t0 * kvd, kvd,
+			  hd | (u64)(npos - t0) << 32);
 	}
 	FOR(d, 0, hd) {
+		s32 __arena *out = ARENA_PTR(s32, a->out + (u64)h0 * hd * 4);
 		u64 w = accp[d];
 
 		out[d] = sat32(rshr(lane0(w) * (s64)vmax, 30));
@@ -405,14 +469,13 @@ static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0
 
 /* Causal GQA attention over the int8 cache at position pos, for kv heads kv0..kv1: quantise and
  * append those heads' k and v rows, then attend their query heads, two at a time. */
-SEC("syscall")
-int attention_i8(struct attention_i8_args *a)
+OP(attention_i8, struct attention_i8_args)
 {
 	u32 hd = a->hd, n_kv = a->n_kv, g, pairs;
 	u64 row = (u64)a->pos * n_kv;
 
 	USE_ARENA(arena);
-	if (a->pos >= a->max_ctx || n_kv == 0 || a->n_q % n_kv || hd == 0 || hd > KV8_HD_MAX ||
+	if (a->pos >= a->max_ctx || n_kv == 0 || a->n_q % n_kv || hd < 4 || hd > KV8_HD_MAX ||
 	    a->kv0 >= a->kv1 || a->kv1 > n_kv)
 		return 1;
 	g = a->n_q / n_kv;

@@ -62,8 +62,7 @@ struct embed_args {
 };
 
 /* x = embed_tokens[token], Q24 -> Q32 (exact). */
-SEC("syscall")
-int embed(struct embed_args *a)
+OP(embed, struct embed_args)
 {
 	const s32 __arena *e = ARENA_PTR(const s32, a->table + (u64)a->token * a->dim * 4);
 	s64 __arena *x = ARENA_PTR(s64, a->x);
@@ -141,8 +140,7 @@ struct rmsnorm_args {
 };
 
 /* RMSNorm of nvec consecutive vectors with one weight: hidden-wide (nvec = 1) or per head. */
-SEC("syscall")
-int rmsnorm(struct rmsnorm_args *a)
+OP(rmsnorm, struct rmsnorm_args)
 {
 	u64 x = a->x, w = a->w, y = a->y, eps = a->eps_q64, stride = (u64)a->n * 4;
 	u32 n = a->n, wide = a->wide != 0;
@@ -152,7 +150,7 @@ int rmsnorm(struct rmsnorm_args *a)
 	FOR(h, 0, a->nvec)
 		ret |= rmsnorm_vec(x + h * stride * (1 + wide), w, y + h * stride, NQW(n, Q_ACT, wide), eps);
 	a->ret = ret;
-	return 0;
+	return ret;
 }
 
 /* ------------------------------------------------------------------ RoPE */
@@ -186,8 +184,7 @@ struct qk_norm_rope_args {
 };
 
 /* Qwen3's per-head q_norm / k_norm, then RoPE (rotate_half pairing i with i + hd/2). */
-SEC("syscall")
-int qk_norm_rope(struct qk_norm_rope_args *a)
+OP(qk_norm_rope, struct qk_norm_rope_args)
 {
 	/* ctx fields are read once into registers: the verifier forbids ctx loads at offsets that
 	 * clang would otherwise compute from a select between two fields. */
@@ -209,7 +206,7 @@ int qk_norm_rope(struct qk_norm_rope_args *a)
 		rope_vec(v, cs, sn, hd / 2);
 	}
 	a->ret = ret;
-	return 0;
+	return ret;
 }
 
 /* ------------------------------------------------------------------ matvec */
@@ -238,7 +235,7 @@ __noinline s64 dot_q24(u64 wa, u64 xa, u32 k)
 	const s32 __arena *x = ARENA_PTR(const s32, xa);
 	s64 acc = 0;
 
-	for (u32 b = 0; b < k / LIM_Q24_COLS_ALIGN && b < LIM_COLS_MAX / LIM_Q24_COLS_ALIGN; b++) {
+	for (u32 b = 0; b < k / LIM_Q24_COLS_ALIGN && can_loop; b++) {
 #pragma unroll
 		for (int j = 0; j < 8; j++)
 			acc += (s64)w[j] * x[j];
@@ -289,7 +286,7 @@ __noinline s64 rows2_q24(u64 wa, u64 xa, u64 ya, u64 k_mode)
 	const s32 __arena *x = ARENA_PTR(const s32, xa);
 	s64 acc0 = 0, acc1 = 0, p0, p1;
 
-	for (u32 b = 0; b < k / LIM_Q24_COLS_ALIGN && b < LIM_COLS_MAX / LIM_Q24_COLS_ALIGN; b++) {
+	for (u32 b = 0; b < k / LIM_Q24_COLS_ALIGN && can_loop; b++) {
 #pragma unroll
 		for (int j = 0; j < 8; j++) {
 			s64 xj = x[j];
@@ -330,8 +327,7 @@ static long rows_pair(u64 i, struct row_ctx *c)
 
 /* y[r] = W[r] . x, or y[r] += W[r] . x into the residual stream, for r in [row0, row0 + nrows),
  * two rows per step. */
-SEC("syscall")
-int matvec(struct matvec_args *a)
+OP(matvec, struct matvec_args)
 {
 	struct row_ctx c = { .w = a->w, .x = a->x, .y = a->y, .stride = (u64)a->k * 4, .k = a->k,
 			     .row0 = a->row0, .nrows = a->nrows,
@@ -364,8 +360,7 @@ static long gate_up_row(u64 i, struct row_ctx *c)
 }
 
 /* The SwiGLU half of the MLP, fused: both projections of a row, then silu(g) * u. */
-SEC("syscall")
-int gate_up_swiglu(struct gate_up_args *a)
+OP(gate_up_swiglu, struct gate_up_args)
 {
 	struct row_ctx c = { .w = a->gate, .w2 = a->up, .x = a->x, .y = a->y, .tab = a->exp2,
 			     .stride = (u64)a->k * 4, .k = a->k, .row0 = a->row0 };
@@ -385,8 +380,7 @@ struct swiglu_args {
 };
 
 /* silu(gate) * up elementwise, for stores whose projections run as separate matvecs. */
-SEC("syscall")
-int swiglu_vec(struct swiglu_args *a)
+OP(swiglu_vec, struct swiglu_args)
 {
 	const s32 __arena *g = ARENA_PTR(const s32, a->gate);
 	const s32 __arena *u = ARENA_PTR(const s32, a->up);
@@ -411,8 +405,7 @@ struct lm_head_args {
 };
 
 /* Logits for rows [row0, row0 + nrows) and their argmax, in one pass. */
-SEC("syscall")
-int lm_head_argmax(struct lm_head_args *a)
+OP(lm_head_argmax, struct lm_head_args)
 {
 	struct row_ctx c = { .w = a->w, .x = a->x, .y = a->y, .stride = (u64)a->k * 4, .k = a->k,
 			     .row0 = a->row0, .nrows = a->nrows, .flag = ROWS_LOGITS,
@@ -451,7 +444,7 @@ __noinline s64 dot_head(u64 qa, u64 ka, u32 hd)
 	const s32 __arena *k = ARENA_PTR(const s32, ka);
 	s64 dot = 0;
 
-	for (u32 d = 0; d < hd && d < LIM_HEAD_DIM_MAX; d++)
+	for (u32 d = 0; d < hd && can_loop; d++)
 		dot += (s64)q[d] * k[d];
 	return dot;
 }
@@ -462,7 +455,7 @@ __noinline int axpy_head(u64 acca, u64 va, s64 p, u32 hd)
 	s64 __arena *acc = ARENA_PTR(s64, acca);
 	const s32 __arena *v = ARENA_PTR(const s32, va);
 
-	for (u32 d = 0; d < hd && d < LIM_HEAD_DIM_MAX; d++)
+	for (u32 d = 0; d < hd && can_loop; d++)
 		acc[d] += p * v[d];
 	return 0;
 }
@@ -530,8 +523,7 @@ static __noinline int attend_head(struct attention_args *a, u32 h)
 
 /* Causal GQA attention at position pos: append this position's k and v to the layer's cache,
  * then attend every query head (head h reads kv head h / (n_q / n_kv)). */
-SEC("syscall")
-int attention(struct attention_args *a)
+OP(attention, struct attention_args)
 {
 	u32 kvd = a->n_kv * a->hd;
 	const s32 __arena *k = ARENA_PTR(const s32, a->k);
@@ -561,3 +553,6 @@ int attention(struct attention_args *a)
 #include "kv8.bpf.h"
 
 _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.bpf.h's head_dim bound is limits.h's");
+
+/* ------------------------------------------------------------------ the plan interpreter */
+#include "plan.bpf.h"

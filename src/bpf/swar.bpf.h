@@ -152,15 +152,13 @@ static __always_inline int quantize_x(struct quantize_x_args *a, u32 qmax)
 }
 
 /* Activations for the W4A8 kernels: int8 codes in -127..127 per block of 32. */
-SEC("syscall")
-int quantize_x8(struct quantize_x_args *a)
+OP(quantize_x8, struct quantize_x_args)
 {
 	return quantize_x(a, 127);
 }
 
 /* Activations for the W8A16 kernels: int16 codes in -32767..32767 per block of 32. */
-SEC("syscall")
-int quantize_x16(struct quantize_x_args *a)
+OP(quantize_x16, struct quantize_x_args)
 {
 	return quantize_x(a, 32767);
 }
@@ -225,7 +223,7 @@ static __always_inline s64 swar_rows(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode
 	s64 best = -(1LL << 62), p;
 
 	asm volatile("" : "+r"(m)); /* keep the mask in a register */
-	for (u32 g = 0; g < k / SW_GROUP && g < SW_KMAX / SW_GROUP; g++) {
+	for (u32 g = 0; g < k / SW_GROUP && can_loop; g++) {
 		const u64 __arena *w = ARENA_PTR(const u64, wa) + g * 16;
 		const s64 __arena *x = ARENA_PTR(const s64, xqa) + g * SW_GROUP;
 		const u32 __arena *s = ARENA_PTR(const u32, sa) + g * rows;
@@ -350,29 +348,25 @@ static __always_inline int swar_run(struct swar_mv_args *a, u32 rpb, int w8, int
 }
 
 /* y[r] (+)= W4 x for r in [row0, row0 + nrows), x from quantize_x8. */
-SEC("syscall")
-int w4a8_matvec(struct swar_mv_args *a)
+OP(w4a8_matvec, struct swar_mv_args)
 {
 	return swar_run(a, 8, 0, 0);
 }
 
 /* y[r] (+)= W8 x for r in [row0, row0 + nrows), x from quantize_x16. */
-SEC("syscall")
-int w8a16_matvec(struct swar_mv_args *a)
+OP(w8a16_matvec, struct swar_mv_args)
 {
 	return swar_run(a, 4, 1, 0);
 }
 
 /* W4 logits of rows [row0, row0 + nrows) (into y unless y == 0) and their argmax. */
-SEC("syscall")
-int w4a8_lm_head_argmax(struct swar_mv_args *a)
+OP(w4a8_lm_head_argmax, struct swar_mv_args)
 {
 	return swar_run(a, 8, 0, 1);
 }
 
 /* W8 logits of rows [row0, row0 + nrows) (into y unless y == 0) and their argmax. */
-SEC("syscall")
-int w8a16_lm_head_argmax(struct swar_mv_args *a)
+OP(w8a16_lm_head_argmax, struct swar_mv_args)
 {
 	return swar_run(a, 4, 1, 1);
 }

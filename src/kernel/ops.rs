@@ -10,6 +10,7 @@ use libbpf_rs::OpenObject;
 
 use super::arena::{self, Arena, Region, MAX_ARENA_BYTES, PAGE};
 use super::{load_error, test_run};
+use crate::plan::{self, Args, Entry, HeadFields, Patch, Var};
 use crate::{Error, Result};
 
 pub(crate) mod skel {
@@ -36,6 +37,10 @@ pub struct Ops {
     runs: u64,
     threads: usize,
     par_min_macs: usize,
+    /// While recording a plan: the entries so far (operators are recorded, not run).
+    recording: Option<Vec<Entry>>,
+    /// The per-token fields and head fields of the next run (set by the operator methods).
+    pub(super) pending: (Vec<Patch>, Option<HeadFields>),
 }
 
 /// Operators with at least this many multiply-adds are split across threads (see
@@ -64,6 +69,19 @@ impl Drop for Ops {
         }
     }
 }
+
+/// Why [`Ops::run_plan`] did not complete.
+#[derive(Debug)]
+pub(crate) enum PlanFailure {
+    /// A barrier waited too long: the threads were not running at the same time.
+    TimedOut,
+    /// Any other failure.
+    Error(Error),
+}
+
+/// Multi-threaded plan runs of every model in the process take turns: two models' threads
+/// spinning at their barriers on all CPUs at once would wait for each other until they time out.
+static PLAN_THREADS_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Which rows of a matrix one operator run covers.
 pub type Rows = Range<usize>;
@@ -102,6 +120,8 @@ impl Ops {
             runs: 0,
             threads: 1,
             par_min_macs: PAR_MIN_MACS,
+            recording: None,
+            pending: (Vec::new(), None),
         })
     }
 
@@ -145,13 +165,18 @@ impl Ops {
 
     /// Runs program `name` of the object once with `args` as its ctx; a non-zero return value
     /// (the programs' "bad arguments") is an error.
-    pub(crate) fn run<T: Send>(&mut self, name: &str, args: &mut T) -> Result<()> {
+    pub(crate) fn run<T: Send + Copy>(&mut self, name: &str, args: &mut T) -> Result<()> {
         self.run_parts(name, std::slice::from_mut(args))
     }
 
     /// Runs program `name` once per element of `args`, concurrently (one thread each) when there
     /// are several: the row-split form of an operator.
-    pub(crate) fn run_parts<T: Send>(&mut self, name: &str, args: &mut [T]) -> Result<()> {
+    pub(crate) fn run_parts<T: Send + Copy>(&mut self, name: &str, args: &mut [T]) -> Result<()> {
+        let (patches, head) = std::mem::take(&mut self.pending);
+        if let Some(rec) = &mut self.recording {
+            rec.push(Entry::record(name, args, patches, head)?);
+            return Ok(());
+        }
         let prog = self
             .skel
             .object()
@@ -195,6 +220,114 @@ impl Ops {
         result
     }
 
+    /// Starts recording a plan: until [`Ops::finish_recording`], operator runs become plan
+    /// entries instead of running (their outputs are not computed).
+    pub(crate) fn start_recording(&mut self) {
+        self.recording = Some(Vec::new());
+    }
+
+    /// Whether operator runs are being recorded.
+    pub(crate) fn is_recording(&self) -> bool {
+        self.recording.is_some()
+    }
+
+    /// The entries recorded since [`Ops::start_recording`]; runs operators again from now on.
+    pub(crate) fn finish_recording(&mut self) -> Vec<Entry> {
+        self.pending = (Vec::new(), None);
+        self.recording.take().unwrap_or_default()
+    }
+
+    /// Marks fields of the next run's ctx as per-token (see [`Patch`]).
+    fn patch_next(&mut self, patches: Vec<Patch>) {
+        self.pending.0 = patches;
+    }
+
+    /// Runs plan entry `e` for `token` at `pos`: each part with its per-token fields, one
+    /// `test_run` each (concurrently when split). Returns the parts' ctx after the run.
+    pub(crate) fn run_entry(&mut self, e: &Entry, token: u32, pos: u32) -> Result<Vec<Args>> {
+        let mut parts = e.patched(token, pos)?;
+        self.run_parts(e.name(), &mut parts)?;
+        Ok(parts)
+    }
+
+    /// Runs the plan whose slots are at `slots` (`n_entries` entries on `threads` threads)
+    /// for `token` at `pos`: one `run_plan` invocation per thread, concurrently. Returns each
+    /// thread's LM-head argmax (row, logit), in row order; [`Error::Bpf`] when an operator
+    /// refused its ctx, or (`timed_out`) when a barrier timed out because the threads did not
+    /// run at the same time.
+    pub(crate) fn run_plan(
+        &mut self,
+        slots: Region,
+        n_entries: usize,
+        threads: usize,
+        token: u32,
+        pos: u32,
+    ) -> std::result::Result<Vec<(usize, i64)>, PlanFailure> {
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            // SAFETY: a u64 of the mapped .bss; no program runs now (runs of this Ops are
+            // sequential through &mut self).
+            unsafe { std::ptr::write_volatile(&mut bss.plan_arrivals, 0) };
+        }
+        let prog = self.skel.progs.run_plan.as_fd();
+        let plan = self.arena.addr(slots);
+        let mut args: Vec<run_plan_args> = (0..threads)
+            .map(|t| run_plan_args {
+                plan,
+                n_entries: n_entries as u32,
+                thread: t as u32,
+                n_threads: threads as u32,
+                token,
+                pos,
+                ..Default::default()
+            })
+            .collect();
+        let rcs: Vec<Result<i32>> = match args.as_mut_slice() {
+            [one] => vec![test_run(prog, "run_plan", one)],
+            [first, rest @ ..] => {
+                let _one_at_a_time = PLAN_THREADS_LOCK.lock();
+                std::thread::scope(|s| {
+                    let others: Vec<_> = rest
+                        .iter_mut()
+                        .map(|a| s.spawn(move || test_run(prog, "run_plan", a)))
+                        .collect();
+                    let mut rcs = vec![test_run(prog, "run_plan", first)];
+                    rcs.extend(others.into_iter().map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(Error::Bpf {
+                                what: "run_plan".into(),
+                                detail: "worker thread panicked".into(),
+                            })
+                        })
+                    }));
+                    rcs
+                })
+            }
+            [] => vec![],
+        };
+        self.runs += threads as u64;
+        let mut timed_out = false;
+        for rc in rcs {
+            match rc.map_err(PlanFailure::Error)? {
+                0 => {}
+                plan::E_BARRIER => timed_out = true,
+                rc => {
+                    return Err(PlanFailure::Error(Error::Bpf {
+                        what: "run_plan".into(),
+                        detail: if rc > 0 {
+                            format!("the operator of plan entry {} refused its arguments", rc - 1)
+                        } else {
+                            format!("refused the plan (ret {rc})")
+                        },
+                    }))
+                }
+            }
+        }
+        if timed_out {
+            return Err(PlanFailure::TimedOut);
+        }
+        Ok(args.iter().map(|a| (a.best as usize, a.best_val)).collect())
+    }
+
     /// Values the programs clamped to their fixed-point range since load (every `sat32` and
     /// `sat_res` of `src/bpf/fixed.h` that fired): 0 means no value left its format.
     pub fn saturations(&self) -> u64 {
@@ -221,6 +354,12 @@ impl Ops {
             token,
             dim: dim as u32,
         };
+        self.patch_next(vec![Patch::new(
+            std::mem::offset_of!(embed_args, token),
+            4,
+            Var::Token,
+            1,
+        )]);
         self.run("embed", &mut a)
     }
 
@@ -251,7 +390,8 @@ impl Ops {
         check_ret("rmsnorm", a.ret)
     }
 
-    /// Per-head q_norm/k_norm and RoPE, in place. `cos`/`sin` are this position's table rows.
+    /// Per-head q_norm/k_norm and RoPE at `pos`, in place. `cos`/`sin` are the whole RoPE
+    /// tables (`[max_ctx][hd/2]`).
     #[allow(clippy::too_many_arguments)]
     pub fn qk_norm_rope(
         &mut self,
@@ -261,11 +401,14 @@ impl Ops {
         k_norm: Region,
         cos: Region,
         sin: Region,
+        pos: usize,
         n_q: usize,
         n_k: usize,
         hd: usize,
         eps_q64: u64,
     ) -> Result<()> {
+        let row = hd / 2 * 4;
+        let (cos, sin) = (cos.sub(pos * row, row)?, sin.sub(pos * row, row)?);
         let mut a = qk_norm_rope_args {
             q: self.addr_of(q),
             k: self.addr_of(k),
@@ -279,6 +422,10 @@ impl Ops {
             hd: hd as u32,
             ret: 0,
         };
+        self.patch_next(vec![
+            Patch::new(std::mem::offset_of!(qk_norm_rope_args, cos), 8, Var::Pos, row),
+            Patch::new(std::mem::offset_of!(qk_norm_rope_args, sin), 8, Var::Pos, row),
+        ]);
         self.run("qk_norm_rope", &mut a)?;
         check_ret("qk_norm_rope", a.ret)
     }
@@ -400,6 +547,10 @@ impl Ops {
                 ..Default::default()
             })
             .collect();
+        self.pending.1 = Some(HeadFields::at(
+            std::mem::offset_of!(lm_head_args, best),
+            std::mem::offset_of!(lm_head_args, best_val),
+        ));
         self.run_parts("lm_head_argmax", &mut parts)?;
         Ok(first_best(
             rows.start,
@@ -432,6 +583,12 @@ impl Ops {
             hd: s.hd as u32,
             scale_q22,
         };
+        self.patch_next(vec![Patch::new(
+            std::mem::offset_of!(attention_args, pos),
+            4,
+            Var::Pos,
+            1,
+        )]);
         self.run("attention", &mut a)
     }
 }
@@ -484,8 +641,10 @@ impl Ops {
         s: crate::fixed::AttnShape,
         scale_q22: i32,
     ) -> Result<()> {
+        // A plan is recorded at position 0 and runs at every position: split it as for long
+        // contexts (a split costs a barrier, which the neighbouring entries need anyway).
         let macs = 2 * (pos + 1) * s.n_q * s.hd;
-        let n = if macs >= self.par_min_macs / 4 {
+        let n = if self.is_recording() || macs >= self.par_min_macs / 4 {
             self.threads.min(s.n_kv)
         } else {
             1
@@ -517,6 +676,12 @@ impl Ops {
                 scale_q22,
             })
             .collect();
+        self.patch_next(vec![Patch::new(
+            std::mem::offset_of!(attention_i8_args, pos),
+            4,
+            Var::Pos,
+            1,
+        )]);
         self.run_parts("attention_i8", &mut parts)
     }
 }
@@ -578,3 +743,4 @@ fn check_ret(what: &str, ret: i32) -> Result<()> {
     }
     Ok(())
 }
+

@@ -209,6 +209,10 @@ impl Ops {
                 ..a
             })
             .collect();
+        self.pending.1 = Some(crate::plan::HeadFields::at(
+            std::mem::offset_of!(swar_mv_args, best),
+            std::mem::offset_of!(swar_mv_args, best_val),
+        ));
         self.run_parts(&format!("{}_lm_head_argmax", f.name), &mut parts)?;
         Ok(first_best(
             rows.start,

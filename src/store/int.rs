@@ -82,6 +82,10 @@ pub struct IntStore {
     lm_head: Option<PackedRegions>,
     norms: ResidentNorms,
     embed_row: Region,
+    /// Whether [`WeightStore::enable_plan`] asked for the embedding table in the arena.
+    resident_embed: bool,
+    /// The Q24 embedding table in the arena, when resident.
+    embed_table: Option<Region>,
     /// Quantised-activation buffers, one per (columns, format) in use.
     xq: Vec<QuantXRegion>,
     /// gate and up outputs `[2][intermediate]` i32 Q16.
@@ -285,6 +289,8 @@ impl IntStore {
             lm_head: None,
             norms: ResidentNorms::default(),
             embed_row: Region::default(),
+            resident_embed: false,
+            embed_table: None,
             xq: Vec::new(),
             gate_up_out: Region::default(),
             screened: false,
@@ -336,12 +342,16 @@ impl WeightStore for IntStore {
     }
 
     fn arena_bytes(&self) -> usize {
-        // everything but the embedding table, which stays in the file; plus staging and scratch
-        let embed = self
-            .cache
-            .entry("model.embed_tokens.weight")
-            .map(|e| e.len)
-            .unwrap_or(0);
+        // everything but the embedding table, which stays in the file unless a plan needs it in
+        // the arena; plus staging and scratch
+        let embed = match self.resident_embed {
+            true => 0,
+            false => self
+                .cache
+                .entry("model.embed_tokens.weight")
+                .map(|e| e.len)
+                .unwrap_or(0),
+        };
         let c = &self.cfg;
         let scratch = 4
             * (swar::QuantX::bytes(c.hidden_size.max(c.intermediate_size).max(c.q_dim())) + 4096)
@@ -351,6 +361,11 @@ impl WeightStore for IntStore {
             + scratch
             + 4096 * (self.cache.header.tensors.len() + 16)
             + self.screen_bytes()
+    }
+
+    fn enable_plan(&mut self) -> bool {
+        self.resident_embed = true;
+        true
     }
 
     fn enable_screen(&mut self) -> bool {
@@ -426,6 +441,12 @@ impl WeightStore for IntStore {
             .arena
             .alloc(2 * c.intermediate_size * 4, "gate/up outputs")?;
         self.embed_row = ops.arena.alloc(c.hidden_size * 4, "embedding row")?;
+        if self.resident_embed {
+            let table = self.cache.bytes("model.embed_tokens.weight")?;
+            let r = ops.arena.alloc(table.len(), "embedding table")?;
+            ops.arena.slice_mut::<u8>(r)?.copy_from_slice(table);
+            self.embed_table = Some(r);
+        }
         if self.screened {
             let m = swar::Int8Matrix {
                 rows: c.vocab_size,
@@ -459,6 +480,9 @@ impl WeightStore for IntStore {
 
     fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()> {
         let h = self.cfg.hidden_size;
+        if let Some(table) = self.embed_table {
+            return ops.embed(table, token, h, x);
+        }
         let table = self.cache.bytes("model.embed_tokens.weight")?;
         let row = &table[token as usize * h * 4..(token as usize + 1) * h * 4];
         ops.arena

@@ -105,6 +105,13 @@ pub trait WeightStore: Send {
     fn lm_head_argmax(&mut self, ops: &mut Ops, x: Region, rows: Rows) -> Result<(usize, i32)> {
         self.lm_head(ops, x, None, rows)
     }
+    /// Asks for what a recorded plan ([`crate::plan`]) needs: every tensor an operator reads
+    /// resident in the arena (the int stores then keep their embedding table there too); call
+    /// before [`WeightStore::arena_bytes`]. Returns whether this store's operators can be
+    /// planned: false for stores that move weights from user space between runs.
+    fn enable_plan(&mut self) -> bool {
+        false
+    }
     /// Asks for a screened head, built at [`WeightStore::upload`]; call before
     /// [`WeightStore::arena_bytes`]. Returns whether this store has one.
     fn enable_screen(&mut self) -> bool {

@@ -270,6 +270,10 @@ impl WeightStore for Q24Store {
         }
     }
 
+    fn enable_plan(&mut self) -> bool {
+        true
+    }
+
     fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()> {
         ops.embed(self.embed, token, self.cfg.hidden_size, x)
     }

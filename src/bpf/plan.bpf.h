@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* The plan interpreter: the whole decoder step of one token in one BPF invocation.
+ *
+ * At open, user space records the forward pass once as a plan in the arena (src/plan.rs): for
+ * each thread, one slot per operator run, in order. A slot holds the operator's id, its ctx (the
+ * very struct its SEC("syscall") program takes) and up to two patches: the per-token fields,
+ * written as field = base + var * mul with var the token or the position (the embedding row,
+ * the RoPE table rows, the attention position). run_plan walks one thread's slots: it copies
+ * the ctx into that thread's .bss buffer, patches it, calls the operator's global function (the
+ * same code the per-operator programs run), copies the ctx back to the slot (outputs such as an
+ * argmax included) and, where the plan marks it, meets the other threads at a barrier.
+ *
+ * Threads: n_threads invocations of run_plan run in parallel on different CPUs, each with its
+ * own slots (its rows of a split operator, or a NOP); after every entry marked PLAN_SYNC each
+ * one adds 1 to plan_arrivals and waits until all have, so that no operator reads an input
+ * before every thread has written its part. A barrier waits at most PLAN_BARRIER_NS: a thread
+ * that cannot be scheduled (all CPUs busy in the kernel) makes the run fail with
+ * PLAN_E_BARRIER instead of spinning until the soft-lockup watchdog fires; user space then
+ * runs the token again on one thread (a token's step rewrites everything it reads). */
+#pragma once
+
+#define PLAN_ARGS_WORDS 20 /* u64 words of a slot's ctx (the largest, attention_i8_args: 18) */
+#define PLAN_PATCHES 2
+#define PLAN_THREADS_MAX 8
+#define PLAN_SYNC 1 /* flags: every thread waits here until all have finished this entry */
+#define PLAN_HEAD 2 /* flags: the LM head; bits 16..23: word of `best` (u32 index, in u32
+		     * units), bits 24..31: word of `best_val` (s64, in u64 units) */
+#define PLAN_VAR_TOKEN 0
+#define PLAN_VAR_POS 1
+#define PLAN_BARRIER_NS 2000000000ULL /* the longest a thread waits for the others: 2 s */
+#define PLAN_E_BARRIER (-1)           /* run_plan: a barrier timed out */
+#define PLAN_E_ARGS (-2)              /* run_plan: bad thread, thread count or plan length */
+
+/* Operator ids: the index of each program in src/plan.rs's OPS. */
+enum plan_op_id {
+	OP_NOP,
+	OP_EMBED,
+	OP_RMSNORM,
+	OP_QK_NORM_ROPE,
+	OP_MATVEC,
+	OP_GATE_UP_SWIGLU,
+	OP_SWIGLU_VEC,
+	OP_LM_HEAD_ARGMAX,
+	OP_ATTENTION,
+	OP_QUANTIZE_X8,
+	OP_QUANTIZE_X16,
+	OP_W4A8_MATVEC,
+	OP_W8A16_MATVEC,
+	OP_W4A8_LM_HEAD_ARGMAX,
+	OP_W8A16_LM_HEAD_ARGMAX,
+	OP_ATTENTION_I8,
+	OP_COUNT,
+};
+
+struct plan_patch {
+	u16 off;  /* byte offset of the field in the ctx; size 0: no patch */
+	u8 size;  /* 4 or 8 */
+	u8 var;   /* PLAN_VAR_TOKEN or PLAN_VAR_POS */
+	u32 mul;
+	u64 base; /* field = base + var * mul */
+};
+
+struct plan_slot {
+	u32 op, flags;
+	struct plan_patch patch[PLAN_PATCHES];
+	u64 args[PLAN_ARGS_WORDS]; /* the operator's ctx; outputs are written back here */
+};
+
+union plan_args {
+	u64 w[PLAN_ARGS_WORDS];
+	struct embed_args embed;
+	struct rmsnorm_args rmsnorm;
+	struct qk_norm_rope_args qk_norm_rope;
+	struct matvec_args matvec;
+	struct gate_up_args gate_up;
+	struct swiglu_args swiglu;
+	struct lm_head_args lm_head;
+	struct attention_args attention;
+	struct quantize_x_args quantize_x;
+	struct swar_mv_args swar_mv;
+	struct attention_i8_args attention_i8;
+};
+_Static_assert(sizeof(union plan_args) == PLAN_ARGS_WORDS * 8, "every ctx fits a plan slot");
+
+/* Each thread's working copy of its current entry's ctx (.bss, so that no stack is spent). */
+union plan_args plan_buf[PLAN_THREADS_MAX];
+/* Arrivals at the barriers of the current run; user space zeroes it before starting threads. */
+u64 plan_arrivals;
+
+struct run_plan_args {
+	u64 plan;      /* struct plan_slot [n_threads][n_entries] */
+	u32 n_entries, thread, n_threads;
+	u32 token, pos;
+	u32 best;      /* out: the LM head's argmax over this thread's rows (first on ties) */
+	s64 best_val;  /* out: its Q16 logit */
+};
+
+static __always_inline int plan_op(u32 op, union plan_args *b)
+{
+	switch (op) {
+	case OP_EMBED: return op_embed(&b->embed);
+	case OP_RMSNORM: return op_rmsnorm(&b->rmsnorm);
+	case OP_QK_NORM_ROPE: return op_qk_norm_rope(&b->qk_norm_rope);
+	case OP_MATVEC: return op_matvec(&b->matvec);
+	case OP_GATE_UP_SWIGLU: return op_gate_up_swiglu(&b->gate_up);
+	case OP_SWIGLU_VEC: return op_swiglu_vec(&b->swiglu);
+	case OP_LM_HEAD_ARGMAX: return op_lm_head_argmax(&b->lm_head);
+	case OP_ATTENTION: return op_attention(&b->attention);
+	case OP_QUANTIZE_X8: return op_quantize_x8(&b->quantize_x);
+	case OP_QUANTIZE_X16: return op_quantize_x16(&b->quantize_x);
+	case OP_W4A8_MATVEC: return op_w4a8_matvec(&b->swar_mv);
+	case OP_W8A16_MATVEC: return op_w8a16_matvec(&b->swar_mv);
+	case OP_W4A8_LM_HEAD_ARGMAX: return op_w4a8_lm_head_argmax(&b->swar_mv);
+	case OP_W8A16_LM_HEAD_ARGMAX: return op_w8a16_lm_head_argmax(&b->swar_mv);
+	case OP_ATTENTION_I8: return op_attention_i8(&b->attention_i8);
+	default: return 1;
+	}
+}
+
+/* Writes the slot's per-token fields into b; 1 on a malformed patch. */
+static __always_inline int plan_patch(union plan_args *b, const struct plan_slot __arena *e,
+				      u32 token, u32 pos)
+{
+	for (int p = 0; p < PLAN_PATCHES; p++) {
+		u32 off = e->patch[p].off, size = e->patch[p].size;
+		u64 v = e->patch[p].base + (u64)(e->patch[p].var == PLAN_VAR_POS ? pos : token) * e->patch[p].mul;
+
+		if (size == 0)
+			continue;
+		if (off > sizeof(*b) - 8 || off % size)
+			return 1;
+		if (size == 8)
+			*(u64 *)((u8 *)b + off) = v;
+		else if (size == 4)
+			*(u32 *)((u8 *)b + off) = (u32)v;
+		else
+			return 1;
+	}
+	return 0;
+}
+
+/* Arrives at a barrier and waits until `target` arrivals are counted; 1 after PLAN_BARRIER_NS. */
+static __noinline int plan_wait(u64 target)
+{
+	u64 t0 = bpf_ktime_get_ns();
+
+	__sync_fetch_and_add(&plan_arrivals, 1);
+	/* bpf_for runs at most 2^23 iterations (BPF_MAX_LOOPS), hence two loops */
+	FOR(j, 0, 1 << 10) {
+		FOR(i, 0, 1 << 20) {
+			if (*(volatile u64 *)&plan_arrivals >= target)
+				return 0;
+			if ((i & 255) == 0 && bpf_ktime_get_ns() - t0 > PLAN_BARRIER_NS)
+				return 1;
+		}
+	}
+	return 1;
+}
+
+/* One thread's walk through the plan for one token. Returns 0, 1 + the index of the first entry
+ * whose operator refused its ctx (the later ones are skipped, their barriers still kept), or a
+ * PLAN_E_* code. */
+__noinline int plan_run(struct run_plan_args *a __arg_nonnull)
+{
+	u64 plan = a->plan, passed = 0;
+	u32 n = a->n_entries, t = a->thread, nt = a->n_threads, token = a->token, pos = a->pos;
+	union plan_args *b;
+	int ret = 0;
+
+	USE_ARENA(arena);
+	if (t >= nt || nt > PLAN_THREADS_MAX || n == 0)
+		return PLAN_E_ARGS;
+	b = &plan_buf[t & (PLAN_THREADS_MAX - 1)];
+	FOR(i, 0, n) {
+		struct plan_slot __arena *e = ARENA_PTR(struct plan_slot,
+			plan + ((u64)t * n + i) * sizeof(struct plan_slot));
+		u32 op = e->op, flags = e->flags;
+
+		if (op != OP_NOP && !ret) {
+			for (int w = 0; w < PLAN_ARGS_WORDS; w++)
+				b->w[w] = e->args[w];
+			if (plan_patch(b, e, token, pos) || plan_op(op, b)) {
+				ret = i + 1;
+			} else {
+				for (int w = 0; w < PLAN_ARGS_WORDS; w++)
+					e->args[w] = b->w[w];
+				if (flags & PLAN_HEAD) {
+					u32 bw = (flags >> 16) & 0xff, vw = flags >> 24;
+
+					if (bw >= 2 * PLAN_ARGS_WORDS || vw >= PLAN_ARGS_WORDS) {
+						ret = i + 1;
+					} else {
+						a->best = ((u32 *)b)[bw];
+						a->best_val = (s64)b->w[vw];
+					}
+				}
+			}
+		}
+		if ((flags & PLAN_SYNC) && nt > 1) {
+			passed++;
+			if (plan_wait(passed * nt))
+				return PLAN_E_BARRIER;
+		}
+	}
+	return ret;
+}
+
+/* The decoder step of one token (a->token at a->pos) on thread a->thread of a->n_threads. */
+#ifndef NO_RUN_PLAN
+SEC("syscall")
+int run_plan(struct run_plan_args *ctx)
+{
+	return plan_run(ctx);
+}
+#endif
