@@ -53,6 +53,8 @@ pub mod fixed;
 #[doc(hidden)]
 pub mod generate;
 #[doc(hidden)]
+pub mod in_kernel;
+#[doc(hidden)]
 pub mod kernel;
 #[doc(hidden)]
 pub mod kv;
@@ -87,6 +89,7 @@ pub use default_model::{default_model_dir, ensure_default_model, TOKENIZER_ENV};
 pub use error::{Error, Result};
 pub use forward::Forward;
 pub use generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
+pub use in_kernel::{KernelGeneration, KernelText};
 pub use kv::{saved_position, KvFormat};
 pub use model::{KernelMemory, Model, ModelOptions};
 pub use plan::Dispatch;

@@ -14,7 +14,7 @@ use crate::kernel::ops::{first_best, kv8_pairs, AttentionBuffers, AttentionI8Buf
 use crate::plan::{self, Dispatch, Plan};
 use crate::kv::{self, ContextHeader, KvCache, KvFormat};
 use crate::store::{linear_rows, Backend, Linear, Norm, WeightStore};
-use crate::{Checkpoint, Config, Error, Forward, Result};
+use crate::{Checkpoint, Config, Error, Forward, GenerateOptions, Result, Tokenizer};
 
 /// How to open a [`Model`]: [`ModelOptions::default`] and the `with_*` methods, or a struct
 /// literal ending in `..Default::default()`.
@@ -161,6 +161,8 @@ struct Buffers {
     kv: KvCache,      // per layer: Q16 K, V [max_ctx][kv_dim], or int8 codes and steps
     ksh: Vec<Region>, // per layer u8 [head_dim]: int8 KV key smoothing shifts (else empty)
     plan: Region,     // plan::Slot [threads][entries]: the recorded step (see crate::plan)
+    prompt: Region,   // u32 [max_ctx]: the prompt of in-kernel generation
+    vocab: Region,    // u32 offsets [vocab + 1], then the bytes: each token's text, for in-kernel generation
 }
 
 /// Bytes of each forward-pass buffer for `cfg` and `max_ctx`: the one list that both sizes the
@@ -182,6 +184,8 @@ struct BufferSizes {
     ksh: usize,  // each layer's key smoothing shifts (int8 KV)
     ksh_layers: usize,
     plan: usize, // the plan's slots, for up to ENTRIES_PER_LAYER per layer
+    prompt: usize,
+    vocab: usize,
 }
 
 impl BufferSizes {
@@ -214,6 +218,8 @@ impl BufferSizes {
                 plan_capacity(cfg),
                 threads.clamp(1, plan::THREADS_MAX),
             ),
+            prompt: max_ctx * 4,
+            vocab: vocab_bytes(cfg.vocab_size),
         }
     }
 
@@ -223,7 +229,7 @@ impl BufferSizes {
         let s = self;
         let scratch = [
             s.x, s.xn, s.qkv, s.att, s.mlp, s.logits, s.probs, s.acc, s.wv, s.qq, s.exp2, s.rope,
-            s.rope, s.plan,
+            s.rope, s.plan, s.prompt, s.vocab,
         ]
         .iter()
         .map(|&b| page(b))
@@ -231,6 +237,12 @@ impl BufferSizes {
             + s.ksh_layers * page(s.ksh);
         (scratch, s.kv)
     }
+}
+
+/// Arena bytes reserved for the vocabulary's text: the offsets and 16 bytes per token (Qwen3's
+/// tokens average under 7; pages are committed only as they are written).
+fn vocab_bytes(vocab: usize) -> usize {
+    (vocab + 1) * 4 + vocab * 16
 }
 
 /// Plan entries the arena holds room for.
@@ -308,6 +320,8 @@ pub struct Model {
     dispatch: Dispatch,
     /// Kernel runs whose barrier timed out and that ran per operator instead.
     fallbacks: u64,
+    /// Whether [`Model::load_vocabulary`] put the tokens' text in the arena.
+    vocab_loaded: bool,
 }
 
 impl std::fmt::Debug for Model {
@@ -422,6 +436,7 @@ impl Model {
             plan: None,
             dispatch,
             fallbacks: 0,
+            vocab_loaded: false,
         })
         .and_then(|mut m| {
             if plannable {
@@ -482,6 +497,8 @@ impl Model {
             kv: KvCache::reserve(a, kv, cfg, max_ctx)?,
             ksh: Vec::new(),
             plan: a.alloc(z.plan, "plan slots")?,
+            prompt: a.alloc(z.prompt, "in-kernel prompt")?,
+            vocab: a.alloc(z.vocab, "vocabulary text")?,
         };
         a.slice_mut::<u32>(b.exp2)?
             .copy_from_slice(&fixed::exp2_table());
@@ -675,23 +692,8 @@ impl Model {
     /// [`Error::ContextOverflow`] (at the first position that does not fit). The logits are
     /// borrowed as in [`Model::forward`].
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
-        let Some((&last, head)) = tokens.split_last() else {
-            return Err(Error::EmptyPrompt);
-        };
-        let vocab = self.cfg.vocab_size;
-        if let Some((index, &id)) = tokens
-            .iter()
-            .enumerate()
-            .find(|&(_, &t)| t as usize >= vocab)
-        {
-            return Err(Error::TokenOutOfRange { id, index, vocab });
-        }
-        if tokens.len() > self.max_context - self.pos {
-            return Err(Error::ContextOverflow {
-                pos: self.max_context,
-                max_context: self.max_context,
-            });
-        }
+        self.check_prompt(tokens)?;
+        let (&last, head) = tokens.split_last().expect("checked: not empty");
         for &t in head {
             self.step(t, false)?;
         }
@@ -718,6 +720,164 @@ impl Model {
             (Dispatch::Auto, true) | (Dispatch::Kernel, true) => Dispatch::Kernel,
             _ => Dispatch::PerOp,
         };
+        Ok(())
+    }
+
+    /// Puts every token's text bytes ([`Tokenizer::token_bytes`]) in the arena, so that
+    /// [`Model::generate_in_kernel`] carries the text of each token out of the kernel with it.
+    /// A vocabulary whose text exceeds the space reserved for it, or with a token longer than a
+    /// ring-buffer record holds (256 bytes), is refused.
+    pub fn load_vocabulary(&mut self, tok: &Tokenizer) -> Result<()> {
+        let n = self.cfg.vocab_size;
+        let bytes = tok.vocabulary_bytes(n);
+        if let Some((id, b)) = bytes
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.len() > crate::kernel::ring::TEXT_MAX)
+        {
+            return Err(Error::Invalid(format!(
+                "token {id} has {} bytes of text; in-kernel generation carries at most {}",
+                b.len(),
+                crate::kernel::ring::TEXT_MAX
+            )));
+        }
+        let head = (n + 1) * 4;
+        let total = head + bytes.iter().map(Vec::len).sum::<usize>();
+        if total > self.b.vocab.len() {
+            return Err(Error::Invalid(format!(
+                "the vocabulary's text takes {total} bytes; {} are reserved",
+                self.b.vocab.len()
+            )));
+        }
+        let mut table = Vec::with_capacity(total);
+        let mut off = head as u32;
+        for b in bytes.iter().map(|b| b.len() as u32).chain([0]) {
+            table.extend_from_slice(&off.to_ne_bytes());
+            off += b;
+        }
+        bytes.iter().for_each(|b| table.extend_from_slice(b));
+        let dst = self.b.vocab.prefix(total)?;
+        self.ops.arena.slice_mut::<u8>(dst)?.copy_from_slice(&table);
+        self.vocab_loaded = true;
+        Ok(())
+    }
+
+    /// Greedy generation inside the kernel: one BPF invocation per thread feeds `prompt` and
+    /// generates up to `opts.max_tokens` tokens (stopping at `opts.stop_tokens`), the argmax of
+    /// each step fed back in the kernel, writing each token to a BPF ring buffer as it is made;
+    /// the returned iterator reads them. An invocation runs at most
+    /// [`crate::in_kernel::BUDGET`] and the iterator invokes again until the generation ends.
+    /// Needs a store that can be planned; `opts.sampling` must be greedy (the kernel has no
+    /// sampler). The prompt is checked as in [`Model::prefill`].
+    pub fn generate_in_kernel(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+    ) -> Result<crate::in_kernel::KernelGeneration<'_>> {
+        let Some(plan) = self.plan.clone() else {
+            return Err(Error::Invalid(format!(
+                "in-kernel generation needs a store that can be planned, not {}",
+                self.store.name()
+            )));
+        };
+        let p = &opts.sampling;
+        for (name, value, greedy) in [
+            ("temperature", p.temperature, 0.0),
+            ("repetition_penalty", p.repetition_penalty, 1.0),
+            ("presence_penalty", p.presence_penalty, 0.0),
+            ("frequency_penalty", p.frequency_penalty, 0.0),
+        ] {
+            if value != greedy {
+                return Err(Error::InvalidParameter {
+                    name,
+                    value: value as f64,
+                    expected: "the greedy setting: in-kernel generation takes the argmax",
+                });
+            }
+        }
+        if opts.stop_tokens.len() > crate::in_kernel::STOPS_MAX {
+            return Err(Error::InvalidParameter {
+                name: "stop_tokens",
+                value: opts.stop_tokens.len() as f64,
+                expected: "at most 8 stop tokens in the kernel",
+            });
+        }
+        self.check_prompt(prompt)?;
+        let max_new = opts.max_tokens.min(u32::MAX as usize - 1) as u32;
+        // every position this generation can feed, committed ahead (a store to an uncommitted
+        // arena page would be lost)
+        let reach = (self.pos + prompt.len() + max_new as usize).min(self.max_context);
+        self.b.kv.ensure(&mut self.ops.arena, reach);
+        let dst = self.b.prompt.prefix(prompt.len() * 4)?;
+        self.ops.arena.slice_mut::<u32>(dst)?.copy_from_slice(prompt);
+        self.ops.tokens.clear();
+        let head = plan.entries.last().expect("a plan ends with the head");
+        let mut stops = [0u32; crate::in_kernel::STOPS_MAX];
+        stops[..opts.stop_tokens.len()].copy_from_slice(&opts.stop_tokens);
+        let args = (0..plan.threads)
+            .map(|t| crate::kernel::ops::GenArgs {
+                run: crate::kernel::ops::RunPlanArgs {
+                    plan: self.ops.addr_of(self.b.plan),
+                    n_entries: plan.entries.len() as u32,
+                    thread: t as u32,
+                    n_threads: plan.threads as u32,
+                    pos: self.pos as u32,
+                    ..Default::default()
+                },
+                prompt: self.ops.addr_of(self.b.prompt),
+                vocab: if self.vocab_loaded {
+                    self.ops.addr_of(self.b.vocab)
+                } else {
+                    0
+                },
+                budget_ns: crate::in_kernel::BUDGET.as_nanos() as u64,
+                n_prompt: prompt.len() as u32,
+                max_new,
+                max_ctx: self.max_context as u32,
+                head_parts: head.parts.len() as u32,
+                n_stops: opts.stop_tokens.len() as u32,
+                stops,
+                ..Default::default()
+            })
+            .collect();
+        Ok(crate::in_kernel::KernelGeneration::new(self, args))
+    }
+
+    /// One round of in-kernel generation (see [`crate::in_kernel`]): runs `args` and moves the
+    /// position to where the kernel stopped.
+    pub(crate) fn invoke_generate(
+        &mut self,
+        args: &mut [crate::kernel::ops::GenArgs],
+    ) -> std::result::Result<(), PlanFailure> {
+        let r = self.ops.run_generate(args);
+        self.pos = args[0].run.pos as usize;
+        r
+    }
+
+    /// The next record of in-kernel generation, if one has arrived.
+    pub(crate) fn next_generated(&mut self) -> Option<crate::kernel::ring::GenToken> {
+        self.ops.tokens.pop()
+    }
+
+    /// Checks a prompt before anything is fed (see [`Model::prefill`]).
+    fn check_prompt(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::EmptyPrompt);
+        }
+        let vocab = self.cfg.vocab_size;
+        if let Some((index, &id)) = tokens
+            .iter()
+            .enumerate()
+            .find(|&(_, &t)| t as usize >= vocab)
+        {
+            return Err(Error::TokenOutOfRange { id, index, vocab });
+        }
+        if tokens.len() > self.max_context - self.pos {
+            return Err(Error::ContextOverflow {
+                pos: self.max_context,
+                max_context: self.max_context,
+            });
+        }
         Ok(())
     }
 

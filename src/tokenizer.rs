@@ -124,6 +124,44 @@ impl Tokenizer {
             .collect()
     }
 
+    /// The bytes token `id` stands for: an added (special) token's text, or a byte-level BPE
+    /// token's characters mapped back to the bytes they encode (GPT-2's byte-to-unicode table,
+    /// which the Qwen3 `ByteLevel` decoder inverts). `None` for an id with no token. A token may
+    /// be part of a UTF-8 character; joining the bytes of consecutive tokens gives the text.
+    pub fn token_bytes(&self, id: u32) -> Option<Vec<u8>> {
+        self.bytes_of(id, &self.added_tokens())
+    }
+
+    /// [`Tokenizer::token_bytes`] of ids `0..n`; an id with no token (a padded embedding row)
+    /// has no bytes.
+    pub fn vocabulary_bytes(&self, n: usize) -> Vec<Vec<u8>> {
+        let added = self.added_tokens();
+        (0..n as u32)
+            .map(|id| self.bytes_of(id, &added).unwrap_or_default())
+            .collect()
+    }
+
+    fn added_tokens(&self) -> std::collections::HashMap<u32, String> {
+        self.inner
+            .get_added_tokens_decoder()
+            .into_iter()
+            .map(|(id, t)| (id, t.content))
+            .collect()
+    }
+
+    fn bytes_of(&self, id: u32, added: &std::collections::HashMap<u32, String>) -> Option<Vec<u8>> {
+        let token = self.inner.id_to_token(id)?;
+        if let Some(content) = added.get(&id) {
+            return Some(content.clone().into_bytes());
+        }
+        let table = byte_level_inverse();
+        token
+            .chars()
+            .map(|c| table.get(&c).copied())
+            .collect::<Option<Vec<u8>>>()
+            .or_else(|| Some(token.into_bytes()))
+    }
+
     /// The number of tokens, added tokens included (151,669 for Qwen3). The model's embedding
     /// table may be larger (Qwen3-0.6B pads it to 151,936).
     pub fn vocab_size(&self) -> usize {
@@ -225,4 +263,27 @@ impl TextStream<'_> {
         self.inner = self.tok.inner.decode_stream(false);
         Ok((!piece.is_empty()).then_some(piece))
     }
+}
+
+/// GPT-2's byte-level alphabet inverted: the character each byte is written as in a byte-level
+/// BPE vocabulary, mapped back to the byte. Printable Latin-1 bytes stand for themselves; the
+/// other 68 are the code points from 256 on, in byte order.
+fn byte_level_inverse() -> &'static std::collections::HashMap<char, u8> {
+    static TABLE: std::sync::OnceLock<std::collections::HashMap<char, u8>> =
+        std::sync::OnceLock::new();
+    TABLE.get_or_init(|| {
+        let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let mut next = 256u32;
+        (0..=255u8)
+            .map(|b| {
+                let c = if printable(b) {
+                    b as u32
+                } else {
+                    next += 1;
+                    next - 1
+                };
+                (char::from_u32(c).expect("code points below 0x200"), b)
+            })
+            .collect()
+    })
 }

@@ -556,3 +556,6 @@ _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.bpf.h's head_dim bound is li
 
 /* ------------------------------------------------------------------ the plan interpreter */
 #include "plan.bpf.h"
+
+/* ------------------------------------------------------------------ generation in the kernel */
+#include "generate.bpf.h"

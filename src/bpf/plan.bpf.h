@@ -93,6 +93,9 @@ struct run_plan_args {
 	u32 token, pos;
 	u32 best;      /* out: the LM head's argmax over this thread's rows (first on ties) */
 	s64 best_val;  /* out: its Q16 logit */
+	u64 passed;    /* barriers passed since the threads started (set to 0 before the first) */
+	s32 ret;       /* scratch: the first failing entry + 1 */
+	u32 pad;
 };
 
 static __always_inline int plan_op(u32 op, union plan_args *b)
@@ -157,59 +160,65 @@ static __noinline int plan_wait(u64 target)
 	return 1;
 }
 
-/* One thread's walk through the plan for one token. Returns 0, 1 + the index of the first entry
- * whose operator refused its ctx (the later ones are skipped, their barriers still kept), or a
- * PLAN_E_* code. */
-__noinline int plan_run(struct run_plan_args *a __arg_nonnull)
+/* Entry i of thread a->thread: copy, patch, run, copy back; then the barrier if marked.
+ * Returns 1 when a barrier timed out. A function of its own, so that few values stay live
+ * across the operator call (the whole chain down to the deepest operator shares 512 bytes of
+ * stack). */
+static __noinline int plan_entry(struct run_plan_args *a, u32 i)
 {
-	u64 plan = a->plan, passed = 0;
-	u32 n = a->n_entries, t = a->thread, nt = a->n_threads, token = a->token, pos = a->pos;
-	union plan_args *b;
-	int ret = 0;
+	struct plan_slot __arena *e = ARENA_PTR(struct plan_slot,
+		a->plan + ((u64)a->thread * a->n_entries + i) * sizeof(struct plan_slot));
+	union plan_args *b = &plan_buf[a->thread & (PLAN_THREADS_MAX - 1)];
+	u32 op = e->op, flags = e->flags;
 
-	USE_ARENA(arena);
-	if (t >= nt || nt > PLAN_THREADS_MAX || n == 0)
-		return PLAN_E_ARGS;
-	b = &plan_buf[t & (PLAN_THREADS_MAX - 1)];
-	FOR(i, 0, n) {
-		struct plan_slot __arena *e = ARENA_PTR(struct plan_slot,
-			plan + ((u64)t * n + i) * sizeof(struct plan_slot));
-		u32 op = e->op, flags = e->flags;
-
-		if (op != OP_NOP && !ret) {
+	if (op != OP_NOP && !a->ret) {
+		for (int w = 0; w < PLAN_ARGS_WORDS; w++)
+			b->w[w] = e->args[w];
+		if (plan_patch(b, e, a->token, a->pos) || plan_op(op, b)) {
+			a->ret = i + 1;
+		} else {
 			for (int w = 0; w < PLAN_ARGS_WORDS; w++)
-				b->w[w] = e->args[w];
-			if (plan_patch(b, e, token, pos) || plan_op(op, b)) {
-				ret = i + 1;
-			} else {
-				for (int w = 0; w < PLAN_ARGS_WORDS; w++)
-					e->args[w] = b->w[w];
-				if (flags & PLAN_HEAD) {
-					u32 bw = (flags >> 16) & 0xff, vw = flags >> 24;
+				e->args[w] = b->w[w];
+			if (flags & PLAN_HEAD) {
+				u32 bw = (flags >> 16) & 0xff, vw = flags >> 24;
 
-					if (bw >= 2 * PLAN_ARGS_WORDS || vw >= PLAN_ARGS_WORDS) {
-						ret = i + 1;
-					} else {
-						a->best = ((u32 *)b)[bw];
-						a->best_val = (s64)b->w[vw];
-					}
+				if (bw >= 2 * PLAN_ARGS_WORDS || vw >= PLAN_ARGS_WORDS) {
+					a->ret = i + 1;
+				} else {
+					a->best = ((u32 *)b)[bw];
+					a->best_val = (s64)b->w[vw];
 				}
 			}
 		}
-		if ((flags & PLAN_SYNC) && nt > 1) {
-			passed++;
-			if (plan_wait(passed * nt))
-				return PLAN_E_BARRIER;
-		}
 	}
-	return ret;
+	if ((flags & PLAN_SYNC) && a->n_threads > 1) {
+		a->passed++;
+		return plan_wait(a->passed * a->n_threads);
+	}
+	return 0;
 }
 
-/* The decoder step of one token (a->token at a->pos) on thread a->thread of a->n_threads. */
-#ifndef NO_RUN_PLAN
+/* One thread's walk through the plan for one token. Returns 0, 1 + the index of the first entry
+ * whose operator refused its ctx (the later ones are skipped, their barriers still kept), or a
+ * PLAN_E_* code. a->passed counts on from its value at the call. */
+__noinline int plan_run(struct run_plan_args *a __arg_nonnull)
+{
+	USE_ARENA(arena);
+	if (a->thread >= a->n_threads || a->n_threads > PLAN_THREADS_MAX || a->n_entries == 0)
+		return PLAN_E_ARGS;
+	a->ret = 0;
+	FOR(i, 0, a->n_entries) {
+		if (plan_entry(a, i))
+			return PLAN_E_BARRIER;
+	}
+	return a->ret;
+}
+
+/* The decoder step of one token (ctx->token at ctx->pos) on thread ctx->thread of
+ * ctx->n_threads. */
 SEC("syscall")
 int run_plan(struct run_plan_args *ctx)
 {
+	ctx->passed = 0;
 	return plan_run(ctx);
 }
-#endif

@@ -8,6 +8,7 @@
 pub mod arena;
 pub mod ops;
 pub mod probe;
+pub mod ring;
 pub mod swar_ops;
 
 use std::mem::size_of;

@@ -3,7 +3,7 @@
 
 use std::mem::{ManuallyDrop, MaybeUninit};
 use std::ops::Range;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::OpenObject;
@@ -24,6 +24,10 @@ pub(crate) mod skel {
     include!(concat!(env!("OUT_DIR"), "/ops.skel.rs"));
 }
 pub use skel::types::formats_args as Formats;
+/// The ctx of the `generate` program (`struct gen_args`).
+pub(crate) use skel::types::gen_args as GenArgs;
+/// The ctx of the `run_plan` program (`struct run_plan_args`).
+pub(crate) use skel::types::run_plan_args as RunPlanArgs;
 use skel::types::*;
 use skel::{OpsSkel, OpsSkelBuilder};
 
@@ -37,6 +41,8 @@ pub struct Ops {
     runs: u64,
     threads: usize,
     par_min_macs: usize,
+    /// The records of in-kernel generation.
+    pub tokens: super::ring::TokenRing,
     /// While recording a plan: the entries so far (operators are recorded, not run).
     recording: Option<Vec<Entry>>,
     /// The per-token fields and head fields of the next run (set by the operator methods).
@@ -79,6 +85,59 @@ pub(crate) enum PlanFailure {
     Error(Error),
 }
 
+/// Runs `prog` once per element of `args`, concurrently (one thread each) when there are several;
+/// multi-threaded runs of every model in the process take turns ([`PLAN_THREADS_LOCK`]).
+fn run_threads<T: Send>(prog: BorrowedFd<'_>, name: &str, args: &mut [T]) -> Vec<Result<i32>> {
+    match args {
+        [] => vec![],
+        [one] => vec![test_run(prog, name, one)],
+        [first, rest @ ..] => {
+            let _one_at_a_time = PLAN_THREADS_LOCK.lock();
+            std::thread::scope(|s| {
+                let others: Vec<_> = rest
+                    .iter_mut()
+                    .map(|a| s.spawn(move || test_run(prog, name, a)))
+                    .collect();
+                let mut rcs = vec![test_run(prog, name, first)];
+                rcs.extend(others.into_iter().map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::Bpf {
+                            what: name.into(),
+                            detail: "worker thread panicked".into(),
+                        })
+                    })
+                }));
+                rcs
+            })
+        }
+    }
+}
+
+/// The outcome of a plan program's runs: a barrier timeout anywhere is [`PlanFailure::TimedOut`].
+fn plan_outcome(rcs: Vec<Result<i32>>, what: &str) -> std::result::Result<(), PlanFailure> {
+    let mut timed_out = false;
+    for rc in rcs {
+        match rc.map_err(PlanFailure::Error)? {
+            0 => {}
+            plan::E_BARRIER => timed_out = true,
+            rc => {
+                return Err(PlanFailure::Error(Error::Bpf {
+                    what: what.into(),
+                    detail: if rc > 0 {
+                        format!("the operator of plan entry {} refused its arguments", rc - 1)
+                    } else {
+                        format!("refused its arguments (ret {rc})")
+                    },
+                }))
+            }
+        }
+    }
+    if timed_out {
+        return Err(PlanFailure::TimedOut);
+    }
+    Ok(())
+}
+
 /// Multi-threaded plan runs of every model in the process take turns: two models' threads
 /// spinning at their barriers on all CPUs at once would wait for each other until they time out.
 static PLAN_THREADS_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -111,6 +170,7 @@ impl Ops {
             }
         };
         let base = arena::mapping(&skel.maps.arena)?;
+        let tokens = super::ring::TokenRing::new(skel.maps.tokens.as_fd().as_raw_fd())?;
         // SAFETY: libbpf maps the whole arena (pages * PAGE bytes) read-write for the skeleton's life.
         let arena = unsafe { Arena::new(base, pages * PAGE) };
         Ok(Ops {
@@ -120,6 +180,7 @@ impl Ops {
             runs: 0,
             threads: 1,
             par_min_macs: PAR_MIN_MACS,
+            tokens,
             recording: None,
             pending: (Vec::new(), None),
         })
@@ -281,51 +342,32 @@ impl Ops {
                 ..Default::default()
             })
             .collect();
-        let rcs: Vec<Result<i32>> = match args.as_mut_slice() {
-            [one] => vec![test_run(prog, "run_plan", one)],
-            [first, rest @ ..] => {
-                let _one_at_a_time = PLAN_THREADS_LOCK.lock();
-                std::thread::scope(|s| {
-                    let others: Vec<_> = rest
-                        .iter_mut()
-                        .map(|a| s.spawn(move || test_run(prog, "run_plan", a)))
-                        .collect();
-                    let mut rcs = vec![test_run(prog, "run_plan", first)];
-                    rcs.extend(others.into_iter().map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(Error::Bpf {
-                                what: "run_plan".into(),
-                                detail: "worker thread panicked".into(),
-                            })
-                        })
-                    }));
-                    rcs
-                })
-            }
-            [] => vec![],
-        };
+        let rcs = run_threads(prog, "run_plan", &mut args);
         self.runs += threads as u64;
-        let mut timed_out = false;
-        for rc in rcs {
-            match rc.map_err(PlanFailure::Error)? {
-                0 => {}
-                plan::E_BARRIER => timed_out = true,
-                rc => {
-                    return Err(PlanFailure::Error(Error::Bpf {
-                        what: "run_plan".into(),
-                        detail: if rc > 0 {
-                            format!("the operator of plan entry {} refused its arguments", rc - 1)
-                        } else {
-                            format!("refused the plan (ret {rc})")
-                        },
-                    }))
-                }
+        plan_outcome(rcs, "run_plan")?;
+        Ok(args.iter().map(|a| (a.best as usize, a.best_val)).collect())
+    }
+
+    /// Runs the `generate` program once per element of `args` (one per thread, concurrently):
+    /// each feeds and generates until done or out of its time budget (see
+    /// `src/bpf/generate.bpf.h`); the records go to [`Ops::tokens`]. Returns like
+    /// [`Ops::run_plan`].
+    pub(crate) fn run_generate(
+        &mut self,
+        args: &mut [gen_args],
+    ) -> std::result::Result<(), PlanFailure> {
+        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+            // SAFETY: as in run_plan.
+            unsafe {
+                std::ptr::write_volatile(&mut bss.plan_arrivals, 0);
+                std::ptr::write_volatile(&mut bss.gen_stop, 0);
             }
         }
-        if timed_out {
-            return Err(PlanFailure::TimedOut);
-        }
-        Ok(args.iter().map(|a| (a.best as usize, a.best_val)).collect())
+        let prog = self.skel.progs.generate.as_fd();
+        let rcs = run_threads(prog, "generate", args);
+        self.runs += args.len() as u64;
+        plan_outcome(rcs, "generate")?;
+        self.tokens.consume().map_err(PlanFailure::Error)
     }
 
     /// Values the programs clamped to their fixed-point range since load (every `sat32` and

@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* Generation inside the kernel: one invocation feeds a prompt and then generates tokens, each
+ * step the plan of plan.bpf.h, greedy (the LM head's argmax), honouring stop tokens, and writes
+ * every new token (id, position and its text bytes) to the `tokens` ring buffer as it is made.
+ *
+ * An invocation stops at a stop token, after max_new tokens, at a full context, or once it has
+ * run budget_ns (so that one invocation stays far below the soft-lockup watchdog on a kernel
+ * without preemption); the ctx then holds where it stopped and the next invocation, with the
+ * same ctx, continues. With n_threads > 1 every thread runs this loop for its parts of the plan;
+ * thread 0 alone decides whether to go on and writes the ring buffer, and the others follow its
+ * decision after a barrier, so that all stop after the same token. */
+#pragma once
+
+#define GEN_STOPS_MAX 8
+#define GEN_TEXT_MAX 256 /* text bytes a token record carries (user space checks the vocabulary) */
+#define GEN_MORE 1       /* status: the time budget ran out; call again with the same ctx */
+#define GEN_STOP 2       /* a stop token was generated (not written to the ring buffer) */
+#define GEN_MAX 3        /* max_new tokens were generated */
+#define GEN_FULL 4       /* the context is full */
+
+/* One generated token, as the ring buffer carries it. */
+struct gen_token {
+	u32 id, pos;   /* the token and the position it will be fed at */
+	u32 request;   /* which request made it (the ctx's request field) */
+	u32 len;       /* text bytes (0 when no vocabulary is loaded) */
+	u8 text[GEN_TEXT_MAX];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 1 << 20);
+} tokens SEC(".maps");
+
+struct gen_args {
+	struct run_plan_args run; /* plan, n_entries, thread, n_threads; pos: in/out */
+	u64 prompt;      /* u32 [n_prompt] token ids (arena) */
+	u64 vocab;       /* u32 offsets [vocab + 1], then the bytes (arena); 0: no text */
+	u64 budget_ns;   /* the longest one invocation runs before returning GEN_MORE */
+	u32 n_prompt;    /* prompt tokens */
+	u32 fed;         /* in/out: prompt tokens fed so far */
+	u32 max_new;     /* tokens to generate in all */
+	u32 generated;   /* in/out: tokens generated so far */
+	u32 max_ctx;     /* the KV cache's positions (committed by user space up to what can run) */
+	u32 head_parts;  /* threads that take rows of the LM head (their argmaxes are combined) */
+	u32 next;        /* in/out: the last token generated, fed next once the prompt is done */
+	u32 n_stops;
+	u32 stops[GEN_STOPS_MAX];
+	u32 request;     /* copied into each record */
+	s32 status;      /* out: GEN_* or a negative plan error */
+};
+
+/* Each thread's plan state while generating, in .bss so that every thread can read the others'
+ * head results after the barrier. */
+struct run_plan_args gen_state[PLAN_THREADS_MAX];
+/* Thread 0's decision after each token (1: stop), read by the others after a barrier. */
+u32 gen_stop;
+
+/* The argmax over the head parts of every thread (row order, first on ties). */
+static __always_inline u32 gen_best(u32 parts)
+{
+	u32 best = gen_state[0].best;
+	s64 val = gen_state[0].best_val;
+
+	for (int t = 1; t < PLAN_THREADS_MAX; t++) {
+		if (t < parts && gen_state[t].best_val > val) {
+			val = gen_state[t].best_val;
+			best = gen_state[t].best;
+		}
+	}
+	return best;
+}
+
+/* Writes token id's record (thread 0); the text bytes come from the arena vocabulary. */
+static __noinline int gen_emit(struct gen_args *a, u32 id, u32 pos)
+{
+	struct gen_token *r = bpf_ringbuf_reserve(&tokens, sizeof(*r), 0);
+	u32 len = 0;
+
+	if (!r)
+		return 1;
+	if (a->vocab) {
+		const u32 __arena *off = ARENA_PTR(const u32, a->vocab);
+		u32 o0 = off[id], o1 = off[id + 1];
+		const u8 __arena *bytes = ARENA_PTR(const u8, a->vocab + o0);
+
+		len = o1 > o0 ? o1 - o0 : 0;
+		if (len > GEN_TEXT_MAX)
+			len = GEN_TEXT_MAX;
+		for (u32 i = 0; i < len && can_loop; i++)
+			r->text[i & (GEN_TEXT_MAX - 1)] = bytes[i];
+	}
+	r->id = id;
+	r->pos = pos;
+	r->request = a->request;
+	r->len = len;
+	bpf_ringbuf_submit(r, 0);
+	return 0;
+}
+
+/* Thread 0: whether to stop after generating `id`; sets a->status. */
+static __always_inline int gen_done(struct gen_args *a, u32 id, u64 t0)
+{
+	for (int i = 0; i < GEN_STOPS_MAX; i++) {
+		if (i < a->n_stops && a->stops[i] == id) {
+			a->status = GEN_STOP;
+			return 1;
+		}
+	}
+	if (a->generated >= a->max_new) {
+		a->status = GEN_MAX;
+		return 1;
+	}
+	if (a->run.pos >= a->max_ctx) {
+		a->status = GEN_FULL;
+		return 1;
+	}
+	if (bpf_ktime_get_ns() - t0 > a->budget_ns) {
+		a->status = GEN_MORE;
+		return 1;
+	}
+	return 0;
+}
+
+/* Feeds the rest of the prompt and generates until done or out of time (see the top). */
+__noinline int gen_run(struct gen_args *a __arg_nonnull)
+{
+	u32 t = a->run.thread & (PLAN_THREADS_MAX - 1);
+	struct run_plan_args *st = &gen_state[t];
+	u64 t0 = bpf_ktime_get_ns();
+	int r;
+
+	USE_ARENA(arena);
+	if (a->run.thread >= PLAN_THREADS_MAX || a->head_parts == 0 ||
+	    a->head_parts > a->run.n_threads || a->n_stops > GEN_STOPS_MAX)
+		return PLAN_E_ARGS;
+	*st = a->run;
+	st->passed = 0;
+	a->status = 0;
+	if (a->generated >= a->max_new) {
+		a->status = GEN_MAX;
+		return 0;
+	}
+	/* at most one token per position, so max_ctx bounds the loop */
+	FOR(i, 0, a->max_ctx) {
+		const u32 __arena *prompt = ARENA_PTR(const u32, a->prompt);
+		u32 prefill = a->fed < a->n_prompt, id;
+
+		if (st->pos >= a->max_ctx) {
+			a->status = GEN_FULL;
+			break;
+		}
+		st->token = prefill ? prompt[a->fed] : a->next;
+		r = plan_run(st);
+		if (r)
+			return r;
+		st->pos++;
+		if (prefill && ++a->fed < a->n_prompt)
+			continue;
+		/* the step's argmax is the next token */
+		id = gen_best(a->head_parts);
+		a->next = id;
+		a->generated++;
+		a->run.pos = st->pos;
+		if (t == 0) {
+			gen_stop = gen_done(a, id, t0);
+			if (a->status != GEN_STOP && gen_emit(a, id, st->pos))
+				return PLAN_E_ARGS;
+		}
+		if (a->run.n_threads > 1) {
+			st->passed++;
+			if (plan_wait(st->passed * a->run.n_threads))
+				return PLAN_E_BARRIER;
+		}
+		if (*(volatile u32 *)&gen_stop) {
+			if (t != 0)
+				a->status = GEN_MORE; /* thread 0's ctx says why */
+			break;
+		}
+	}
+	a->run.pos = st->pos;
+	return 0;
+}
+
+/* Generation as a syscall program: user space calls it until status is not GEN_MORE. */
+SEC("syscall")
+int generate(struct gen_args *ctx)
+{
+	return gen_run(ctx);
+}
