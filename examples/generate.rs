@@ -26,9 +26,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use qwen_bpf::kernel::syscalls::BpfSyscalls;
 use qwen_bpf::{
-    Backend, Config, Error, FinishReason, GenerateOptions, KvFormat, Model, ModelOptions, Result,
-    SamplingParams, TextStream, Tokenizer,
+    Backend, Config, Dispatch, Error, FinishReason, GenerateOptions, KvFormat, Model,
+    ModelOptions, Result, SamplingParams, TextStream, Tokenizer,
 };
 
 /// Generate text with the Qwen3 forward pass in BPF (greedily unless --temperature > 0).
@@ -104,6 +105,26 @@ struct Args {
     /// Seed of the sampler's random generator (default: a random seed, printed in the summary).
     #[arg(long)]
     seed: Option<u64>,
+    /// Who drives generation: per-op (user space, one BPF run per operator), kernel (greedy:
+    /// the kernel feeds the prompt and generates, one invocation per thread and round;
+    /// sampling: one invocation per thread and token). Default: kernel where the store allows.
+    #[arg(long, value_parser = parse_mode)]
+    dispatch: Option<Mode>,
+}
+
+/// `--dispatch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    PerOp,
+    Kernel,
+}
+
+fn parse_mode(s: &str) -> std::result::Result<Mode, String> {
+    match s {
+        "per-op" => Ok(Mode::PerOp),
+        "kernel" => Ok(Mode::Kernel),
+        _ => Err(format!("unknown dispatch {s:?}; known: per-op, kernel")),
+    }
 }
 
 impl Args {
@@ -223,9 +244,22 @@ fn run(args: &Args) -> Result<()> {
         kv: args.kv,
         cache_dir: args.cache_dir.clone(),
         progress: true,
+        dispatch: match args.dispatch {
+            Some(Mode::PerOp) => Dispatch::PerOp,
+            Some(Mode::Kernel) => Dispatch::Kernel,
+            None => Dispatch::Auto,
+        },
         ..Default::default()
     };
     let mut model = Model::open(&dir, &opts)?;
+    // greedy generation runs wholly in the kernel when the step does
+    let in_kernel =
+        sampling.is_greedy() && !sampling.has_penalties() && model.dispatch() == Dispatch::Kernel;
+    if in_kernel {
+        if let Some(tok) = &tokenizer {
+            model.load_vocabulary(tok)?;
+        }
+    }
     if let Some(path) = &args.load_context {
         model.load_context(path)?;
         eprintln!("loaded a context of {saved} tokens from {}", path.display());
@@ -240,41 +274,70 @@ fn run(args: &Args) -> Result<()> {
         out.write(text)?;
     }
 
-    // Prefill: every prompt token is one forward pass; the last one yields the first new token.
+    // Every bpf(2) call of this process from here to the end of generation is counted.
+    let syscalls = BpfSyscalls::start()?;
+    let calls0 = syscalls.count();
     let runs0 = model.bpf_runs();
-    let t = Instant::now();
     let gen_opts = GenerateOptions::new(max_tokens)
         .with_stop_tokens(eos)
         .with_sampling(sampling.clone());
-    let mut generation = model.generate(&prompt, &gen_opts)?;
-    let prefill = t.elapsed();
-
-    // Decode: each token after the first is one forward pass, done when the iterator asks for it.
-    let mut decode = Duration::ZERO;
-    loop {
-        let (steps, t) = (generation.decode_steps(), Instant::now());
-        let next = generation.next();
-        if generation.decode_steps() > steps {
-            decode += t.elapsed();
+    let t = Instant::now();
+    let (generated, decode_passes, seed, stop, prefill, decode) = if in_kernel {
+        // Prompt and tokens in the kernel; the first round returns after the first token, so
+        // that its time is the prefill.
+        let mut generation = model.generate_in_kernel(&prompt, &gen_opts)?;
+        let mut text = Vec::new();
+        let mut prefill = None;
+        while let Some(token) = generation.next() {
+            let id = token?;
+            prefill.get_or_insert(t.elapsed());
+            out.kernel_token(id, generation.last_bytes(), &mut text)?;
         }
-        match next {
-            Some(token) => out.token(token?)?,
-            None => break,
+        let prefill = prefill.unwrap_or(t.elapsed());
+        let n = generation.generated();
+        (
+            n,
+            n.saturating_sub(1),
+            None,
+            generation.finish_reason(),
+            prefill,
+            t.elapsed() - prefill,
+        )
+    } else {
+        // Prefill: every prompt token is one forward pass; the last one yields the first token.
+        let mut generation = model.generate(&prompt, &gen_opts)?;
+        let prefill = t.elapsed();
+        // Decode: each token after the first is one forward pass, done when asked for.
+        let mut decode = Duration::ZERO;
+        loop {
+            let (steps, t) = (generation.decode_steps(), Instant::now());
+            let next = generation.next();
+            if generation.decode_steps() > steps {
+                decode += t.elapsed();
+            }
+            match next {
+                Some(token) => out.token(token?)?,
+                None => break,
+            }
         }
-    }
-    let (generated, decode_passes, seed) = (
-        generation.generated(),
-        generation.decode_steps(),
-        generation.seed(),
-    );
-    let stop = match generation.finish_reason() {
+        (
+            generation.generated(),
+            generation.decode_steps(),
+            generation.seed(),
+            generation.finish_reason(),
+            prefill,
+            decode,
+        )
+    };
+    let calls = syscalls.count() - calls0;
+    drop(syscalls);
+    let stop = match stop {
         Some(FinishReason::Stop(id)) => format!("end-of-sequence token {id}"),
         Some(FinishReason::MaxTokens) => "--max-tokens reached".to_string(),
         Some(FinishReason::ContextFull) => format!("context full ({max_context} tokens)"),
         other => format!("{other:?}"),
     };
     out.finish()?;
-    drop(generation);
     if let Some(path) = &args.save_context {
         model.save_context(path)?;
         eprintln!(
@@ -312,8 +375,19 @@ fn run(args: &Args) -> Result<()> {
         eprintln!("generated: {generated} tokens (all from the prompt's last forward pass: no decode step to time)");
     }
     eprintln!(
-        "BPF runs:  {} per token ({runs} in {passes} forward passes)",
-        runs / passes as u64
+        "BPF runs: {} per token ({runs} in {passes} forward passes; dispatch {})",
+        fmt_ratio(runs, passes),
+        if in_kernel {
+            "kernel: prompt and generation in the kernel"
+        } else if model.dispatch() == Dispatch::Kernel {
+            "kernel: one invocation per thread and token"
+        } else {
+            "per-op"
+        }
+    );
+    eprintln!(
+        "bpf syscalls: {} per generated token ({calls} bpf(2) calls while generating {generated} tokens)",
+        fmt_ratio(calls, generated.max(1))
     );
     eprintln!(
         "load:      {:.2} s ({} store, {})",
@@ -332,6 +406,16 @@ fn run(args: &Args) -> Result<()> {
         common::mib(mem.scratch)
     );
     Ok(())
+}
+
+/// `n / d` with two decimals when it is not whole.
+fn fmt_ratio(n: u64, d: usize) -> String {
+    let r = n as f64 / d as f64;
+    if r.fract() == 0.0 {
+        format!("{r}")
+    } else {
+        format!("{r:.2}")
+    }
 }
 
 /// The tokenizer: `explicit` if given, else `dir/tokenizer.json` if present, else none.
@@ -388,6 +472,27 @@ impl Output<'_> {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// Prints a token generated in the kernel from the text bytes the kernel sent with it
+    /// (joined into whole UTF-8 characters in `held`), or as `<id>` without them.
+    fn kernel_token(&mut self, id: u32, bytes: &[u8], held: &mut Vec<u8>) -> Result<()> {
+        if bytes.is_empty() {
+            return match self.stream.is_some() {
+                true => self.token(id),
+                false => self.write(&format!("<{id}>")),
+            };
+        }
+        held.extend_from_slice(bytes);
+        let whole = match std::str::from_utf8(held) {
+            Ok(_) => held.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => held.len(),
+        };
+        let rest = held.split_off(whole);
+        let piece = String::from_utf8_lossy(held).into_owned();
+        *held = rest;
+        self.write(&piece)
     }
 
     fn finish(&mut self) -> Result<()> {

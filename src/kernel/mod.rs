@@ -10,6 +10,7 @@ pub mod ops;
 pub mod probe;
 pub mod ring;
 pub mod swar_ops;
+pub mod syscalls;
 
 use std::mem::size_of;
 use std::os::fd::{AsRawFd, BorrowedFd};
