@@ -82,6 +82,8 @@ pub mod synth;
 pub mod tokenizer;
 #[doc(hidden)]
 pub mod twin;
+#[doc(hidden)]
+pub mod twin_plan;
 
 pub use checkpoint::Checkpoint;
 pub use config::{Config, RopeParameters};

@@ -894,8 +894,22 @@ impl Model {
         self.fallbacks
     }
 
-    /// One decoder pass at the current position. Returns the argmax (row, Q16 logit).
-    fn step(&mut self, token: u32, want_logits: bool) -> Result<(usize, i32)> {
+    /// For tests: [`Model::forward_fixed`] with the recorded step executed by the Rust twins
+    /// ([`crate::twin_plan`]) on this model's arena instead of BPF. Returns the logits and the
+    /// head's argmax (row, Q16 logit).
+    #[doc(hidden)]
+    pub fn twin_forward_fixed(&mut self, token: u32) -> Result<(&[i32], (usize, i32))> {
+        let plan = self.plan.clone().ok_or_else(|| {
+            Error::Invalid(format!("the {} store records no plan", self.store.name()))
+        })?;
+        self.begin_step(token)?;
+        let best = crate::twin_plan::run_plan(&mut self.ops.arena, &plan, token, self.pos as u32)?;
+        self.pos += 1;
+        Ok((self.ops.arena.slice::<i32>(self.b.logits)?, best))
+    }
+
+    /// Checks that `token` can be fed at the current position and commits its KV pages.
+    fn begin_step(&mut self, token: u32) -> Result<()> {
         let c = &self.cfg;
         if token as usize >= c.vocab_size {
             return Err(Error::TokenOutOfRange {
@@ -911,6 +925,12 @@ impl Model {
             });
         }
         self.b.kv.ensure(&mut self.ops.arena, self.pos + 1);
+        Ok(())
+    }
+
+    /// One decoder pass at the current position. Returns the argmax (row, Q16 logit).
+    fn step(&mut self, token: u32, want_logits: bool) -> Result<(usize, i32)> {
+        self.begin_step(token)?;
         let best = match self.plan.clone() {
             None => self.emit(token, self.pos, want_logits)?,
             Some(plan) => self.run_plan(&plan, token, want_logits)?,

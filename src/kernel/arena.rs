@@ -146,6 +146,21 @@ impl Arena {
         self.base as u64 + r.off as u64
     }
 
+    /// The region of `len` bytes at address `addr`, the inverse of [`Arena::addr`]: what a
+    /// program's ctx points at. [`Error::ArenaView`] unless it lies inside the mapping.
+    pub fn region_at(&self, addr: u64, len: usize) -> Result<Region> {
+        let off = addr.checked_sub(self.base as u64).map(|o| o as usize);
+        match off {
+            Some(off) if off.checked_add(len).is_some_and(|end| end <= self.len) => {
+                Ok(Region { off, len })
+            }
+            _ => Err(Error::ArenaView(format!(
+                "{len} bytes at address {addr:#x}: outside the arena of {} bytes",
+                self.len
+            ))),
+        }
+    }
+
     /// Checks that region `r` can be viewed as `[T]`: inside the mapping, a whole number of
     /// non-zero-sized `T`, and aligned for `T`. Returns the element count.
     fn check_view<T>(&self, r: Region) -> Result<usize> {
@@ -275,6 +290,26 @@ mod tests {
         assert!(matches!(a.slice::<()>(r), Err(Error::ArenaView(_))));
         a.slice_mut::<i64>(r.sub(8, 16).unwrap()).unwrap()[1] = -1;
         assert_eq!(a.slice::<i64>(r).unwrap()[2], -1);
+    }
+
+    #[test]
+    fn region_at_inverts_addr_inside_the_mapping_only() {
+        let mut mem = vec![0u64; PAGE / 8];
+        let mut a = arena(&mut mem);
+        let r = a.alloc(64, "test").unwrap().sub(8, 16).unwrap();
+        assert_eq!(
+            a.region_at(a.addr(r), 16).unwrap(),
+            r,
+            "an address back to its region"
+        );
+        let end = a.addr(Region::default()) + PAGE as u64;
+        assert!(a.region_at(end, 0).is_ok(), "an empty region at the end");
+        for (addr, len) in [(end, 1), (end - 4, 8), (0, 4), (u64::MAX, 2)] {
+            assert!(
+                matches!(a.region_at(addr, len), Err(Error::ArenaView(_))),
+                "{len} bytes at {addr:#x}"
+            );
+        }
     }
 
     #[test]

@@ -298,6 +298,15 @@ impl Ops {
         self.recording.take().unwrap_or_default()
     }
 
+    /// For tests: the plan entries that `f`'s operator calls record (none of them runs).
+    #[doc(hidden)]
+    pub fn record(&mut self, f: impl FnOnce(&mut Ops) -> Result<()>) -> Result<Vec<Entry>> {
+        self.start_recording();
+        let done = f(self);
+        let entries = self.finish_recording();
+        done.map(|()| entries)
+    }
+
     /// Marks fields of the next run's ctx as per-token (see [`Patch`]).
     fn patch_next(&mut self, patches: Vec<Patch>) {
         self.pending.0 = patches;
@@ -305,7 +314,8 @@ impl Ops {
 
     /// Runs plan entry `e` for `token` at `pos`: each part with its per-token fields, one
     /// `test_run` each (concurrently when split). Returns the parts' ctx after the run.
-    pub(crate) fn run_entry(&mut self, e: &Entry, token: u32, pos: u32) -> Result<Vec<Args>> {
+    #[doc(hidden)]
+    pub fn run_entry(&mut self, e: &Entry, token: u32, pos: u32) -> Result<Vec<Args>> {
         let mut parts = e.patched(token, pos)?;
         self.run_parts(e.name(), &mut parts)?;
         Ok(parts)
