@@ -9,6 +9,11 @@
 //!   reference (one thread) and of each BPF weight store, on the synthetic Qwen3-0.6B of
 //!   `qwen_bpf::default_model` (generated once, ~1.2 GB, plus each store's cache on its first
 //!   load), or on the model directory in `$QWEN_BPF_BENCH_MODEL`. Throughput is tokens/s.
+//! * `dispatch`: per store (q24, int4, int8), one decode step per operator run from user space
+//!   (`per-op`, with the screened head where the store has one, and `per-op-exact`, with the
+//!   full head as the kernel computes it), as one `run_plan` invocation per thread (`kernel`),
+//!   and 8 tokens generated in the kernel per iteration (`kernel-loop`), on one model per store
+//!   switched between them (`Model::set_dispatch`): `cargo bench --bench decode -- dispatch`.
 //! * `screened_head`: `next_token` with the screened LM head (`qwen_bpf::screen`, the default)
 //!   against the full exact head, for the q24 and int4 stores, on one model per store switched
 //!   between the two (`Model::set_screened_head`), so that their ratio is measured in one run:
@@ -31,7 +36,7 @@ use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::reference::{self, Reference};
 use qwen_bpf::{fixed, swar};
-use qwen_bpf::{Backend, Checkpoint, Model, ModelOptions};
+use qwen_bpf::{Backend, Checkpoint, Dispatch, GenerateOptions, Model, ModelOptions};
 
 #[path = "../tests/common/rng.rs"]
 mod rng;
@@ -102,12 +107,70 @@ fn decode(c: &mut Criterion) {
         let mut m = Model::open(&dir, &opts)
             .unwrap_or_else(|e| panic!("opening the {} store: {e}", backend.name()));
         let mut token = FIRST_TOKEN;
-        g.bench_function(backend.name(), |b| {
+        g.bench_function(backend.name(), |b| next_token_steps(b, &mut m, &mut token));
+    }
+    g.finish();
+}
+
+/// One greedy decode step per iteration: `next_token`, from a fresh context when it is full.
+fn next_token_steps(b: &mut criterion::Bencher<'_>, m: &mut Model, token: &mut u32) {
+    b.iter(|| {
+        if m.position() == MAX_CONTEXT {
+            m.reset();
+        }
+        *token = m.next_token(*token).expect("BPF forward");
+        black_box(*token)
+    })
+}
+
+/// Tokens one `kernel-loop` iteration generates in the kernel.
+const LOOP_TOKENS: usize = 8;
+
+fn dispatch(c: &mut Criterion) {
+    if !selected("dispatch") {
+        return;
+    }
+    let dir = model_dir();
+    let mut g = c.benchmark_group("dispatch");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(2))
+        .measurement_time(Duration::from_secs(10));
+    for backend in [Backend::Q24, Backend::Int4, Backend::Int8] {
+        let opts = ModelOptions {
+            backend,
+            max_context: MAX_CONTEXT,
+            progress: true,
+            ..Default::default()
+        };
+        let mut m = Model::open(&dir, &opts)
+            .unwrap_or_else(|e| panic!("opening the {} store: {e}", backend.name()));
+        let mut token = FIRST_TOKEN;
+        g.throughput(Throughput::Elements(1));
+        // per-op: one test_run per operator run (with the screened head where the store has
+        // one); per-op-exact: the same with the full head, as the kernel computes it; kernel:
+        // one run_plan invocation per thread and token
+        for (name, d, screened) in [
+            ("per-op", Dispatch::PerOp, true),
+            ("per-op-exact", Dispatch::PerOp, false),
+            ("kernel", Dispatch::Kernel, false),
+        ] {
+            m.set_dispatch(d).expect("a planned store");
+            m.set_screened_head(screened);
+            g.bench_function(BenchmarkId::new(backend.name(), name), |b| {
+                next_token_steps(b, &mut m, &mut token)
+            });
+        }
+        // kernel-loop: LOOP_TOKENS greedy tokens generated in the kernel per iteration
+        g.throughput(Throughput::Elements(LOOP_TOKENS as u64));
+        let opts = GenerateOptions::new(LOOP_TOKENS);
+        g.bench_function(BenchmarkId::new(backend.name(), "kernel-loop"), |b| {
             b.iter(|| {
-                if m.position() == MAX_CONTEXT {
+                if m.position() + LOOP_TOKENS + 1 > MAX_CONTEXT {
                     m.reset();
                 }
-                token = m.next_token(token).expect("BPF forward");
+                for t in m.generate_in_kernel(&[token], &opts).expect("in-kernel generation") {
+                    token = t.expect("a generated token");
+                }
                 black_box(token)
             })
         });
@@ -139,13 +202,7 @@ fn screened_head(c: &mut Criterion) {
             m.set_screened_head(screened);
             let name = if screened { "screened" } else { "exact" };
             g.bench_function(BenchmarkId::new(backend.name(), name), |b| {
-                b.iter(|| {
-                    if m.position() == MAX_CONTEXT {
-                        m.reset();
-                    }
-                    token = m.next_token(token).expect("BPF forward");
-                    black_box(token)
-                })
+                next_token_steps(b, &mut m, &mut token)
             });
         }
     }
@@ -264,5 +321,5 @@ fn kernels(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, screened_head, kernels);
+criterion_group!(benches, decode, dispatch, screened_head, kernels);
 criterion_main!(benches);

@@ -155,6 +155,7 @@ impl Iterator for KernelGeneration<'_> {
     fn next(&mut self) -> Option<Result<u32>> {
         loop {
             if let Some(GenToken { id, bytes, .. }) = self.model.next_generated() {
+                // in-kernel generation writes token records only
                 self.last_bytes = bytes;
                 return Some(Ok(id));
             }

@@ -49,6 +49,8 @@ pub mod default_model;
 #[doc(hidden)]
 pub mod error;
 #[doc(hidden)]
+pub mod event;
+#[doc(hidden)]
 pub mod fixed;
 #[doc(hidden)]
 pub mod generate;
@@ -91,6 +93,7 @@ pub use default_model::{default_model_dir, ensure_default_model, TOKENIZER_ENV};
 pub use error::{Error, Result};
 pub use forward::Forward;
 pub use generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
+pub use event::{Event, EventConfig, EventCounters, EventServer, Refusal};
 pub use in_kernel::{KernelGeneration, KernelText};
 pub use kv::{saved_position, KvFormat};
 pub use model::{KernelMemory, Model, ModelOptions};

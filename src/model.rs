@@ -52,6 +52,10 @@ pub struct ModelOptions {
     /// How each token's step is run (default [`Dispatch::Auto`]: in the kernel, one `run_plan`
     /// invocation per thread, wherever the store allows it).
     pub dispatch: Dispatch,
+    /// Contexts for generations that kernel events start ([`Model::serve_events`]), each with
+    /// its own KV cache, scratch and one-thread plan; at most 8. Default 0: no event path (its
+    /// programs are not even loaded).
+    pub event_slots: usize,
 }
 
 impl Default for ModelOptions {
@@ -68,6 +72,7 @@ impl Default for ModelOptions {
             threads: cpus.min(2),
             screened_head: true,
             dispatch: Dispatch::Auto,
+            event_slots: 0,
         }
     }
 }
@@ -106,6 +111,12 @@ impl ModelOptions {
     /// Sets [`ModelOptions::threads`].
     pub fn with_threads(mut self, threads: usize) -> Self {
         self.threads = threads;
+        self
+    }
+
+    /// Sets [`ModelOptions::event_slots`].
+    pub fn with_event_slots(mut self, slots: usize) -> Self {
+        self.event_slots = slots;
         self
     }
 
@@ -322,6 +333,10 @@ pub struct Model {
     fallbacks: u64,
     /// Whether [`Model::load_vocabulary`] put the tokens' text in the arena.
     vocab_loaded: bool,
+    /// The contexts of [`ModelOptions::event_slots`]: buffers and their one-thread plan.
+    events: Vec<(Buffers, std::sync::Arc<Plan>)>,
+    /// Whether the event path's workqueue items have been initialised.
+    events_ready: bool,
 }
 
 impl std::fmt::Debug for Model {
@@ -363,8 +378,24 @@ impl Model {
                 ),
             });
         }
+        if opts.event_slots > crate::event::SLOTS_MAX {
+            return Err(Error::Invalid(format!(
+                "event_slots {} must be at most {}",
+                opts.event_slots,
+                crate::event::SLOTS_MAX
+            )));
+        }
         let (scratch, kv) =
             BufferSizes::new(&cfg, opts.max_context, opts.kv, opts.threads).arena_bytes();
+        // every event context has buffers and a KV cache of its own
+        let (scratch, kv) = (
+            scratch
+                + opts.event_slots
+                    * BufferSizes::new(&cfg, opts.max_context, opts.kv, 1)
+                        .arena_bytes()
+                        .0,
+            kv * (1 + opts.event_slots),
+        );
         // Only the resident Q24 store's weight bytes are known before conversion.
         let weights_estimate = if opts.backend == Backend::Q24 {
             cfg.num_parameters() * 4
@@ -382,7 +413,13 @@ impl Model {
         let identity = ck.identity();
         let cache_dir = opts.cache_dir.clone().unwrap_or_else(|| dir.to_path_buf());
         let mut store = opts.backend.open(&ck, &cache_dir, opts.progress)?;
-        let plannable = store.enable_plan();
+        let plannable = store.enable_plan(1 + opts.event_slots);
+        if opts.event_slots > 0 && !plannable {
+            return Err(Error::Invalid(format!(
+                "kernel events need a store that can be planned, not {}",
+                store.name()
+            )));
+        }
         let dispatch = match opts.dispatch {
             Dispatch::Kernel if !plannable => {
                 return Err(Error::Invalid(format!(
@@ -406,7 +443,7 @@ impl Model {
         // Again with the store's exact weight bytes (the estimate above covers only q24).
         check_arena(weights, kv, scratch, opts.max_context)?;
         check_memory(weights, kv, scratch, opts.max_context, mem_available())?;
-        let mut ops = Ops::load(memory.total())?;
+        let mut ops = Ops::load_with(memory.total(), opts.event_slots > 0)?;
         ops.set_threads(opts.threads);
         store.upload(&mut ops)?;
         let mut b = Self::alloc_buffers(&mut ops, &cfg, opts.max_context, opts.kv, opts.threads)?;
@@ -437,10 +474,24 @@ impl Model {
             dispatch,
             fallbacks: 0,
             vocab_loaded: false,
+            events: Vec::new(),
+            events_ready: false,
         })
         .and_then(|mut m| {
             if plannable {
                 m.plan = Some(std::sync::Arc::new(m.record()?));
+            }
+            for i in 0..opts.event_slots {
+                let b = Self::alloc_buffers(&mut m.ops, &m.cfg, m.max_context, opts.kv, 1)?;
+                let main = std::mem::replace(&mut m.b, b);
+                m.b.ksh = main.ksh.clone();
+                m.ops.set_threads(1);
+                m.store.set_context(1 + i);
+                let plan = m.record();
+                m.store.set_context(0);
+                m.ops.set_threads(opts.threads);
+                let b = std::mem::replace(&mut m.b, main);
+                m.events.push((b, std::sync::Arc::new(plan?)));
             }
             Ok(m)
         })
@@ -820,6 +871,7 @@ impl Model {
                     plan: self.ops.addr_of(self.b.plan),
                     n_entries: plan.entries.len() as u32,
                     thread: t as u32,
+                    lane: t as u32,
                     n_threads: plan.threads as u32,
                     pos: self.pos as u32,
                     ..Default::default()
@@ -852,6 +904,96 @@ impl Model {
         let r = self.ops.run_generate(args);
         self.pos = args[0].run.pos as usize;
         r
+    }
+
+    /// Serves generations started by kernel events (see [`crate::event`]) until the returned
+    /// server is dropped: attaches the XDP program to `cfg.ifindex` for UDP datagrams to
+    /// `cfg.port` from `cfg.sources`. Needs [`ModelOptions::event_slots`] > 0; every slot's KV
+    /// cache is committed in full first. Each request starts a fresh context at position 0.
+    pub fn serve_events(&mut self, cfg: &crate::event::EventConfig) -> Result<crate::event::EventServer<'_>> {
+        use crate::event::{PROMPT_MAX, SOURCES_MAX};
+        if self.events.is_empty() {
+            return Err(Error::Invalid(
+                "serving kernel events needs a model opened with event_slots > 0".into(),
+            ));
+        }
+        if cfg.sources.is_empty() || cfg.sources.len() > SOURCES_MAX {
+            return Err(Error::InvalidParameter {
+                name: "sources",
+                value: cfg.sources.len() as f64,
+                expected: "1 to 4 IPv4 sources",
+            });
+        }
+        if cfg.stop_tokens.len() > crate::in_kernel::STOPS_MAX {
+            return Err(Error::InvalidParameter {
+                name: "stop_tokens",
+                value: cfg.stop_tokens.len() as f64,
+                expected: "at most 8 stop tokens in the kernel",
+            });
+        }
+        if cfg.max_new == 0 {
+            return Err(Error::InvalidParameter {
+                name: "max_new",
+                value: 0.0,
+                expected: "at least 1",
+            });
+        }
+        let mut stops = [0u32; crate::in_kernel::STOPS_MAX];
+        stops[..cfg.stop_tokens.len()].copy_from_slice(&cfg.stop_tokens);
+        let vocab = if self.vocab_loaded {
+            self.ops.addr_of(self.b.vocab)
+        } else {
+            0
+        };
+        let mut templates = Vec::new();
+        for (i, (b, plan)) in self.events.iter_mut().enumerate() {
+            b.kv.ensure(&mut self.ops.arena, self.max_context);
+            templates.push(crate::kernel::ops::GenArgs {
+                run: crate::kernel::ops::RunPlanArgs {
+                    plan: self.ops.arena.addr(b.plan),
+                    n_entries: plan.entries.len() as u32,
+                    n_threads: 1,
+                    lane: i as u32,
+                    ..Default::default()
+                },
+                prompt: self.ops.arena.addr(b.prompt),
+                vocab,
+                budget_ns: crate::in_kernel::BUDGET.as_nanos() as u64,
+                max_ctx: self.max_context as u32,
+                head_parts: 1,
+                n_stops: cfg.stop_tokens.len() as u32,
+                stops,
+                ..Default::default()
+            });
+        }
+        let mut sources = [0u32; SOURCES_MAX];
+        for (s, a) in sources.iter_mut().zip(&cfg.sources) {
+            *s = u32::from_ne_bytes(a.octets());
+        }
+        let ev = crate::kernel::ops::EventCfg {
+            port: cfg.port as u32,
+            ifindex: cfg.ifindex,
+            n_sources: cfg.sources.len() as u32,
+            sources,
+            vocab: self.cfg.vocab_size as u32,
+            max_new: cfg.max_new,
+            max_prompt: PROMPT_MAX.min(self.max_context) as u32,
+            n_slots: self.events.len() as u32,
+        };
+        self.ops.tokens.clear();
+        let link = self.ops.start_events(ev, &templates, !self.events_ready)?;
+        self.events_ready = true;
+        Ok(crate::event::EventServer::new(self, link))
+    }
+
+    /// Waits up to `timeout_ms` for ring-buffer records.
+    pub(crate) fn poll_records(&mut self, timeout_ms: i32) -> Result<()> {
+        self.ops.tokens.poll(timeout_ms)
+    }
+
+    /// The event path's counters.
+    pub(crate) fn event_counters(&self) -> [u64; 4] {
+        self.ops.event_counters()
     }
 
     /// The next record of in-kernel generation, if one has arrived.

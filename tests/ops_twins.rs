@@ -241,14 +241,14 @@ fn qk_norm_rope_matches_twin() {
         let mut q = rng.vec(n_q * hd, 1 << 19);
         let mut k = rng.vec(n_k * hd, 1 << 19);
         let (rq, rk) = (put(&mut o, &q), put(&mut o, &k));
-        let row = |r: Region| r.sub(pos * hd / 2 * 4, hd / 2 * 4).unwrap();
         o.qk_norm_rope(
             rq,
             rk,
             rqn,
             rkn,
-            row(rcos),
-            row(rsin),
+            rcos, // the whole tables: the operator takes row pos
+            rsin,
+            pos,
             n_q,
             n_k,
             hd,

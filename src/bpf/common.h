@@ -15,6 +15,13 @@ struct bpf_iter_num {
 } __attribute__((aligned(8)));
 #endif
 
+/* BPF workqueues (Linux >= 6.10) are newer than the distribution's uapi headers. */
+#if LINUX_VERSION_CODE < KERNEL_VERSION(6, 10, 0)
+struct bpf_wq {
+	__u64 __opaque[2];
+} __attribute__((aligned(8)));
+#endif
+
 typedef __s8 s8;
 typedef __u8 u8;
 typedef __s16 s16;

@@ -23,6 +23,8 @@ struct gen_token {
 	u32 id, pos;   /* the token and the position it will be fed at */
 	u32 request;   /* which request made it (the ctx's request field) */
 	u32 len;       /* text bytes (0 when no vocabulary is loaded) */
+	u32 kind;      /* 0: a token; event.bpf.h's REC_DONE, REC_REFUSED: a request's outcome */
+	u32 pad;
 	u8 text[GEN_TEXT_MAX];
 };
 
@@ -52,8 +54,9 @@ struct gen_args {
 /* Each thread's plan state while generating, in .bss so that every thread can read the others'
  * head results after the barrier. */
 struct run_plan_args gen_state[PLAN_THREADS_MAX];
-/* Thread 0's decision after each token (1: stop), read by the others after a barrier. */
-u32 gen_stop;
+/* Thread 0's decision after each token (1: stop), read by the others after a barrier; one per
+ * lane, since the event path runs several one-thread generations at once. */
+u32 gen_stop[PLAN_THREADS_MAX];
 
 /* The argmax over the head parts of every thread (row order, first on ties). */
 static __always_inline u32 gen_best(u32 parts)
@@ -93,6 +96,8 @@ static __noinline int gen_emit(struct gen_args *a, u32 id, u32 pos)
 	r->pos = pos;
 	r->request = a->request;
 	r->len = len;
+	r->kind = 0;
+	r->pad = 0;
 	bpf_ringbuf_submit(r, 0);
 	return 0;
 }
@@ -124,14 +129,16 @@ static __always_inline int gen_done(struct gen_args *a, u32 id, u64 t0)
 /* Feeds the rest of the prompt and generates until done or out of time (see the top). */
 __noinline int gen_run(struct gen_args *a __arg_nonnull)
 {
-	u32 t = a->run.thread & (PLAN_THREADS_MAX - 1);
-	struct run_plan_args *st = &gen_state[t];
+	u32 t = a->run.thread, lane = a->run.lane & (PLAN_THREADS_MAX - 1);
+	struct run_plan_args *st = &gen_state[lane];
 	u64 t0 = bpf_ktime_get_ns();
 	int r;
 
 	USE_ARENA(arena);
+	/* several threads share one generation on lanes 0..n_threads; one thread may use any lane */
 	if (a->run.thread >= PLAN_THREADS_MAX || a->head_parts == 0 ||
-	    a->head_parts > a->run.n_threads || a->n_stops > GEN_STOPS_MAX)
+	    a->head_parts > a->run.n_threads || a->n_stops > GEN_STOPS_MAX ||
+	    (a->run.n_threads > 1 && a->run.lane != t))
 		return PLAN_E_ARGS;
 	*st = a->run;
 	st->passed = 0;
@@ -157,12 +164,12 @@ __noinline int gen_run(struct gen_args *a __arg_nonnull)
 		if (prefill && ++a->fed < a->n_prompt)
 			continue;
 		/* the step's argmax is the next token */
-		id = gen_best(a->head_parts);
+		id = a->run.n_threads > 1 ? gen_best(a->head_parts) : st->best;
 		a->next = id;
 		a->generated++;
 		a->run.pos = st->pos;
 		if (t == 0) {
-			gen_stop = gen_done(a, id, t0);
+			gen_stop[lane] = gen_done(a, id, t0); /* thread 0: lane 0 when shared */
 			if (a->status != GEN_STOP && gen_emit(a, id, st->pos))
 				return PLAN_E_ARGS;
 		}
@@ -171,7 +178,8 @@ __noinline int gen_run(struct gen_args *a __arg_nonnull)
 			if (plan_wait(st->passed * a->run.n_threads))
 				return PLAN_E_BARRIER;
 		}
-		if (*(volatile u32 *)&gen_stop) {
+		/* thread 0's decision: its lane is lane - t */
+		if (*(volatile u32 *)&gen_stop[(lane - t) & (PLAN_THREADS_MAX - 1)]) {
 			if (t != 0)
 				a->status = GEN_MORE; /* thread 0's ctx says why */
 			break;

@@ -147,6 +147,11 @@ OP(rmsnorm, struct rmsnorm_args)
 	int ret = 0;
 
 	USE_ARENA(arena);
+	/* n travels in 16 bits of rmsnorm_vec's nqw: check it before it is packed */
+	if (n == 0 || n > LIM_NORM_MAX) {
+		a->ret = 1;
+		return 1;
+	}
 	FOR(h, 0, a->nvec)
 		ret |= rmsnorm_vec(x + h * stride * (1 + wide), w, y + h * stride, NQW(n, Q_ACT, wide), eps);
 	a->ret = ret;
@@ -192,6 +197,11 @@ OP(qk_norm_rope, struct qk_norm_rope_args)
 	u64 eps = a->eps_q64, stride = (u64)a->hd * 4;
 	u32 hd = a->hd, n_q = a->n_q, n_all = a->n_q + a->n_k;
 	int ret = 0;
+
+	if (hd == 0 || hd > LIM_NORM_MAX) {
+		a->ret = 1;
+		return 1;
+	}
 
 	OPAQUE(q);
 	OPAQUE(k);
@@ -559,3 +569,6 @@ _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.bpf.h's head_dim bound is li
 
 /* ------------------------------------------------------------------ generation in the kernel */
 #include "generate.bpf.h"
+
+/* ------------------------------------------------------------------ a kernel event starts it */
+#include "event.bpf.h"

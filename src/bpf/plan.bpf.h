@@ -95,7 +95,8 @@ struct run_plan_args {
 	s64 best_val;  /* out: its Q16 logit */
 	u64 passed;    /* barriers passed since the threads started (set to 0 before the first) */
 	s32 ret;       /* scratch: the first failing entry + 1 */
-	u32 pad;
+	u32 lane;      /* which .bss working buffer this run uses: the thread, or for one-thread
+			* runs that go on at once (the event path's requests), a slot of its own */
 };
 
 static __always_inline int plan_op(u32 op, union plan_args *b)
@@ -168,7 +169,7 @@ static __noinline int plan_entry(struct run_plan_args *a, u32 i)
 {
 	struct plan_slot __arena *e = ARENA_PTR(struct plan_slot,
 		a->plan + ((u64)a->thread * a->n_entries + i) * sizeof(struct plan_slot));
-	union plan_args *b = &plan_buf[a->thread & (PLAN_THREADS_MAX - 1)];
+	union plan_args *b = &plan_buf[a->lane & (PLAN_THREADS_MAX - 1)];
 	u32 op = e->op, flags = e->flags;
 
 	if (op != OP_NOP && !a->ret) {

@@ -26,6 +26,8 @@ pub(crate) mod skel {
 pub use skel::types::formats_args as Formats;
 /// The ctx of the `generate` program (`struct gen_args`).
 pub(crate) use skel::types::gen_args as GenArgs;
+/// The event path's configuration (`struct ev_config`).
+pub(crate) use skel::types::ev_config as EventCfg;
 /// The ctx of the `run_plan` program (`struct run_plan_args`).
 pub(crate) use skel::types::run_plan_args as RunPlanArgs;
 use skel::types::*;
@@ -148,6 +150,11 @@ pub type Rows = Range<usize>;
 impl Ops {
     /// Loads the operators with an arena of `arena_bytes` (rounded up to pages, at most 4 GiB).
     pub fn load(arena_bytes: usize) -> Result<Ops> {
+        Self::load_with(arena_bytes, false)
+    }
+
+    /// [`Ops::load`], with the event path's programs (`src/bpf/event.bpf.h`) when `events`.
+    pub fn load_with(arena_bytes: usize, events: bool) -> Result<Ops> {
         let pages = arena_bytes.div_ceil(PAGE).max(1);
         if pages * PAGE > MAX_ARENA_BYTES {
             return Err(Error::Resources {
@@ -160,7 +167,7 @@ impl Ops {
         let storage = Box::into_raw(Box::new(MaybeUninit::<OpenObject>::uninit()));
         // SAFETY: storage stays allocated until Drop, after the skeleton that borrows it.
         let storage_ref: &'static mut MaybeUninit<OpenObject> = unsafe { &mut *storage };
-        let loaded = open_and_load(storage_ref, pages as u32);
+        let loaded = open_and_load(storage_ref, pages as u32, events);
         let skel = match loaded {
             Ok(s) => s,
             Err(e) => {
@@ -346,6 +353,7 @@ impl Ops {
                 plan,
                 n_entries: n_entries as u32,
                 thread: t as u32,
+                lane: t as u32,
                 n_threads: threads as u32,
                 token,
                 pos,
@@ -370,7 +378,7 @@ impl Ops {
             // SAFETY: as in run_plan.
             unsafe {
                 std::ptr::write_volatile(&mut bss.plan_arrivals, 0);
-                std::ptr::write_volatile(&mut bss.gen_stop, 0);
+                std::ptr::write_volatile(&mut bss.gen_stop, [0; 8]);
             }
         }
         let prog = self.skel.progs.generate.as_fd();
@@ -378,6 +386,68 @@ impl Ops {
         self.runs += args.len() as u64;
         plan_outcome(rcs, "generate")?;
         self.tokens.consume().map_err(PlanFailure::Error)
+    }
+
+    /// Configures the event path (`src/bpf/event.bpf.h`) with `cfg` and each slot's generation
+    /// `templates`, initialises the slots' workqueue items when `init`, and attaches the XDP
+    /// program to `cfg.ifindex`: requests are served until the returned link is dropped.
+    pub(crate) fn start_events(
+        &mut self,
+        cfg: EventCfg,
+        templates: &[GenArgs],
+        init: bool,
+    ) -> Result<libbpf_rs::Link> {
+        let bss = self
+            .skel
+            .maps
+            .bss_data
+            .as_deref_mut()
+            .ok_or_else(|| Error::Bpf {
+                what: "the event path".into(),
+                detail: "the operator object has no .bss".into(),
+            })?;
+        bss.ev_cfg = cfg;
+        bss.ev_template[..templates.len()].copy_from_slice(templates);
+        bss.ev_accepted = 0;
+        bss.ev_refused_busy = 0;
+        bss.ev_refused_invalid = 0;
+        bss.ev_done = 0;
+        if init {
+            let mut none = 0u64;
+            match test_run(self.skel.progs.ev_setup.as_fd(), "ev_setup", &mut none)? {
+                0 => {}
+                rc => {
+                    return Err(Error::KernelFeature {
+                        what: "initialising the event path's BPF workqueue items".into(),
+                        feature: "BPF workqueues (bpf_wq)",
+                        needs: "Linux >= 6.10",
+                        detail: format!("ev_setup returned {rc}"),
+                    })
+                }
+            }
+        }
+        self.skel
+            .progs
+            .ev_xdp
+            .attach_xdp(cfg.ifindex as i32)
+            .map_err(|e| load_error("the event path's XDP program", e))
+    }
+
+    /// The event path's counters: accepted, refused because every slot was busy, refused as
+    /// invalid, done (read from the mapped .bss: no system call).
+    pub(crate) fn event_counters(&self) -> [u64; 4] {
+        match self.skel.maps.bss_data.as_deref() {
+            // SAFETY: u64s the programs update atomically; each read once.
+            Some(b) => unsafe {
+                [
+                    std::ptr::read_volatile(&b.ev_accepted),
+                    std::ptr::read_volatile(&b.ev_refused_busy),
+                    std::ptr::read_volatile(&b.ev_refused_invalid),
+                    std::ptr::read_volatile(&b.ev_done),
+                ]
+            },
+            None => [0; 4],
+        }
     }
 
     /// Values the programs clamped to their fixed-point range since load (every `sat32` and
@@ -774,10 +844,18 @@ pub struct AttentionBuffers {
 fn open_and_load(
     storage: &'static mut MaybeUninit<OpenObject>,
     pages: u32,
+    events: bool,
 ) -> Result<OpsSkel<'static>> {
     let mut open = OpsSkelBuilder::default()
         .open(storage)
         .map_err(|e| load_error("the operator programs", e))?;
+    if !events {
+        // the event path's programs (their verification repeats the whole plan's) load only
+        // for a model that serves kernel events
+        for p in [&mut open.progs.ev_setup, &mut open.progs.ev_xdp] {
+            p.set_autoload(false);
+        }
+    }
     open.maps
         .arena
         .set_max_entries(pages)

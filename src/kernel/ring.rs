@@ -24,6 +24,20 @@ pub struct GenToken {
     pub request: u32,
     /// Its text bytes (empty without a loaded vocabulary); possibly part of a UTF-8 character.
     pub bytes: Vec<u8>,
+    /// What the record is: [`Record::Token`] for a generated token (`id`), else a request's
+    /// outcome on the event path.
+    pub kind: Record,
+}
+
+/// What a ring-buffer record reports (`kind` of `struct gen_token`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Record {
+    /// A generated token.
+    Token,
+    /// A request ended; `id` is its status (`GEN_*`) or a negative plan error.
+    Done,
+    /// A request was refused; `id` is the reason (`EV_R_*`).
+    Refused,
 }
 
 impl GenToken {
@@ -34,7 +48,12 @@ impl GenToken {
             id: word(0)?,
             pos: word(1)?,
             request: word(2)?,
-            bytes: data.get(16..16 + len)?.to_vec(),
+            bytes: data.get(24..24 + len)?.to_vec(),
+            kind: match word(4)? {
+                0 => Record::Token,
+                1 => Record::Done,
+                _ => Record::Refused,
+            },
         })
     }
 }

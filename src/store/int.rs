@@ -90,6 +90,10 @@ pub struct IntStore {
     xq: Vec<QuantXRegion>,
     /// gate and up outputs `[2][intermediate]` i32 Q16.
     gate_up_out: Region,
+    /// Contexts that may run at once ([`WeightStore::enable_plan`]); each has its own `xq` and
+    /// `gate_up_out`, kept here, of which the fields above are the current one's.
+    contexts: usize,
+    scratch_sets: Vec<(Vec<QuantXRegion>, Region)>,
     /// Whether [`WeightStore::enable_screen`] asked for a screened head.
     screened: bool,
     screen: Option<ScreenedHead>,
@@ -293,6 +297,8 @@ impl IntStore {
             embed_table: None,
             xq: Vec::new(),
             gate_up_out: Region::default(),
+            contexts: 1,
+            scratch_sets: Vec::new(),
             screened: false,
             screen: None,
         })
@@ -353,9 +359,10 @@ impl WeightStore for IntStore {
                 .unwrap_or(0),
         };
         let c = &self.cfg;
-        let scratch = 4
-            * (swar::QuantX::bytes(c.hidden_size.max(c.intermediate_size).max(c.q_dim())) + 4096)
-            + 2 * c.intermediate_size * 4
+        let scratch = self.contexts
+            * (4 * (swar::QuantX::bytes(c.hidden_size.max(c.intermediate_size).max(c.q_dim()))
+                + 4096)
+                + 2 * c.intermediate_size * 4)
             + c.hidden_size * 4;
         self.cache.header.payload_bytes - embed
             + scratch
@@ -363,9 +370,17 @@ impl WeightStore for IntStore {
             + self.screen_bytes()
     }
 
-    fn enable_plan(&mut self) -> bool {
+    fn enable_plan(&mut self, contexts: usize) -> bool {
         self.resident_embed = true;
+        self.contexts = contexts.max(1);
         true
+    }
+
+    fn set_context(&mut self, i: usize) {
+        if let Some((xq, out)) = self.scratch_sets.get(i) {
+            self.xq = xq.clone();
+            self.gate_up_out = *out;
+        }
     }
 
     fn enable_screen(&mut self) -> bool {
@@ -434,12 +449,17 @@ impl WeightStore for IntStore {
         ];
         wanted.sort_by_key(|(k, f)| (*k, f.name));
         wanted.dedup();
-        for (k, f) in wanted {
-            self.xq.push(ops.alloc_quant_x(k, f)?);
+        for _ in 0..self.contexts {
+            let xq = wanted
+                .iter()
+                .map(|&(k, f)| ops.alloc_quant_x(k, f))
+                .collect::<Result<Vec<_>>>()?;
+            let out = ops
+                .arena
+                .alloc(2 * c.intermediate_size * 4, "gate/up outputs")?;
+            self.scratch_sets.push((xq, out));
         }
-        self.gate_up_out = ops
-            .arena
-            .alloc(2 * c.intermediate_size * 4, "gate/up outputs")?;
+        self.set_context(0);
         self.embed_row = ops.arena.alloc(c.hidden_size * 4, "embedding row")?;
         if self.resident_embed {
             let table = self.cache.bytes("model.embed_tokens.weight")?;

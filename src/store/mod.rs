@@ -106,12 +106,16 @@ pub trait WeightStore: Send {
         self.lm_head(ops, x, None, rows)
     }
     /// Asks for what a recorded plan ([`crate::plan`]) needs: every tensor an operator reads
-    /// resident in the arena (the int stores then keep their embedding table there too); call
-    /// before [`WeightStore::arena_bytes`]. Returns whether this store's operators can be
-    /// planned: false for stores that move weights from user space between runs.
-    fn enable_plan(&mut self) -> bool {
+    /// resident in the arena (the int stores then keep their embedding table there too), and
+    /// scratch for `contexts` contexts that may run at once; call before
+    /// [`WeightStore::arena_bytes`]. Returns whether this store's operators can be planned:
+    /// false for stores that move weights from user space between runs.
+    fn enable_plan(&mut self, _contexts: usize) -> bool {
         false
     }
+    /// Makes context `i` (of those [`WeightStore::enable_plan`] asked for) the one whose
+    /// scratch the operator methods use: for recording each context's plan.
+    fn set_context(&mut self, _i: usize) {}
     /// Asks for a screened head, built at [`WeightStore::upload`]; call before
     /// [`WeightStore::arena_bytes`]. Returns whether this store has one.
     fn enable_screen(&mut self) -> bool {

@@ -270,8 +270,8 @@ impl WeightStore for Q24Store {
         }
     }
 
-    fn enable_plan(&mut self) -> bool {
-        true
+    fn enable_plan(&mut self, _contexts: usize) -> bool {
+        true // no scratch of its own
     }
 
     fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()> {

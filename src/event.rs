@@ -1,0 +1,232 @@
+//! A kernel event starts a generation ([`crate::Model::serve_events`]): a UDP datagram to a
+//! port, seen by an XDP program, hands its prompt to a BPF workqueue item whose callback runs the
+//! generation in the kernel; user space only reads the results from the ring buffer.
+//!
+//! See `src/bpf/event.bpf.h` for the kernel side. Each request gets one of the model's
+//! [`crate::ModelOptions::event_slots`] contexts (its own KV cache, scratch and plan), so that
+//! requests are served at once and their results kept apart; a request finding every slot busy,
+//! or failing a check, is refused with a record and counted, never dropped silently.
+
+use std::net::Ipv4Addr;
+use std::time::{Duration, Instant};
+
+use crate::generate::FinishReason;
+use crate::kernel::ring::{GenToken, Record};
+use crate::{Error, Model, Result};
+
+/// Request slots a model can have (`EV_SLOTS_MAX`).
+pub const SLOTS_MAX: usize = 8;
+/// Prompt tokens one datagram may carry (`EV_PROMPT_MAX`).
+pub const PROMPT_MAX: usize = 1024;
+/// The first word of a request datagram (`EV_MAGIC`, "QBPF").
+pub const MAGIC: u32 = 0x4650_4251;
+/// Sources a server may accept (`EV_SOURCES_MAX`).
+pub const SOURCES_MAX: usize = 4;
+
+/// What a server serves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventConfig {
+    /// The UDP destination port.
+    pub port: u16,
+    /// The interface the XDP program is attached to (its index).
+    pub ifindex: u32,
+    /// IPv4 sources whose datagrams are served (at most [`SOURCES_MAX`]); others pass by.
+    pub sources: Vec<Ipv4Addr>,
+    /// The most new tokens a request may ask for.
+    pub max_new: u32,
+    /// Tokens that end a generation (at most 8).
+    pub stop_tokens: Vec<u32>,
+}
+
+impl EventConfig {
+    /// Requests from 127.0.0.1 to `port` on the loopback interface, up to 256 new tokens each.
+    pub fn loopback(port: u16) -> Result<EventConfig> {
+        Ok(EventConfig {
+            port,
+            ifindex: ifindex("lo")?,
+            sources: vec![Ipv4Addr::LOCALHOST],
+            max_new: 256,
+            stop_tokens: Vec::new(),
+        })
+    }
+}
+
+/// The index of network interface `name`.
+pub fn ifindex(name: &str) -> Result<u32> {
+    let c = std::ffi::CString::new(name)
+        .map_err(|_| Error::Invalid(format!("interface name {name:?}")))?;
+    // SAFETY: a NUL-terminated string.
+    match unsafe { libc::if_nametoindex(c.as_ptr()) } {
+        0 => Err(Error::Invalid(format!("no network interface {name:?}"))),
+        i => Ok(i),
+    }
+}
+
+/// The payload of a request datagram: [`MAGIC`], `request`, `max_new`, the prompt's length and
+/// its token ids, as little-endian u32s.
+pub fn request_datagram(request: u32, max_new: u32, prompt: &[u32]) -> Vec<u8> {
+    [MAGIC, request, max_new, prompt.len() as u32]
+        .iter()
+        .chain(prompt)
+        .flat_map(|w| w.to_le_bytes())
+        .collect()
+}
+
+/// Why a request was refused (`EV_R_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// Every slot was busy.
+    Busy,
+    /// The datagram was not a well-formed request.
+    Malformed,
+    /// A prompt token was at or past the vocabulary.
+    TokenOutOfRange,
+    /// Too many prompt tokens, or new tokens asked for.
+    Limit,
+}
+
+/// What the ring buffer reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Event {
+    /// Request `request` generated `id` (with its text bytes when a vocabulary is loaded).
+    Token {
+        /// The request id from the datagram.
+        request: u32,
+        /// The token.
+        id: u32,
+        /// Its text bytes, possibly part of a UTF-8 character.
+        bytes: Vec<u8>,
+    },
+    /// Request `request` ended.
+    Done {
+        /// The request id.
+        request: u32,
+        /// Why: a stop token, max tokens or a full context; [`FinishReason::Error`] when the
+        /// kernel failed it (`error` says how).
+        finish: FinishReason,
+        /// The kernel's error code when `finish` is [`FinishReason::Error`].
+        error: i32,
+    },
+    /// Request `request` was refused.
+    Refused {
+        /// The request id (0 when the datagram was too short to carry one).
+        request: u32,
+        /// Why.
+        reason: Refusal,
+    },
+}
+
+impl Event {
+    fn from_record(r: GenToken) -> Event {
+        match r.kind {
+            Record::Token => Event::Token {
+                request: r.request,
+                id: r.id,
+                bytes: r.bytes,
+            },
+            Record::Done => {
+                let (finish, error) = match r.id as i32 {
+                    2 => (FinishReason::Stop(r.pos), 0),
+                    3 => (FinishReason::MaxTokens, 0),
+                    4 => (FinishReason::ContextFull, 0),
+                    e => (FinishReason::Error, e),
+                };
+                Event::Done {
+                    request: r.request,
+                    finish,
+                    error,
+                }
+            }
+            Record::Refused => Event::Refused {
+                request: r.request,
+                reason: match r.id {
+                    1 => Refusal::Busy,
+                    3 => Refusal::TokenOutOfRange,
+                    4 => Refusal::Limit,
+                    _ => Refusal::Malformed,
+                },
+            },
+        }
+    }
+}
+
+/// The event path's counters: every datagram to the port lands in exactly one of the first
+/// three; `done` counts accepted requests that have ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EventCounters {
+    /// Requests accepted (a slot was free).
+    pub accepted: u64,
+    /// Valid requests refused because every slot was busy.
+    pub refused_busy: u64,
+    /// Datagrams refused as invalid (malformed, bad token, over a limit).
+    pub refused_invalid: u64,
+    /// Accepted requests that ended.
+    pub done: u64,
+}
+
+/// A model serving requests from kernel events; dropping it detaches the XDP program and waits
+/// (at most a minute) for the generations still running to end.
+pub struct EventServer<'m> {
+    model: &'m mut Model,
+    link: Option<libbpf_rs::Link>,
+}
+
+impl std::fmt::Debug for EventServer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventServer")
+            .field("counters", &self.counters())
+            .finish()
+    }
+}
+
+impl<'m> EventServer<'m> {
+    pub(crate) fn new(model: &'m mut Model, link: libbpf_rs::Link) -> Self {
+        EventServer {
+            model,
+            link: Some(link),
+        }
+    }
+
+    /// The next record, waiting up to `timeout` for one (an epoll wait on the ring buffer: no
+    /// bpf(2) call).
+    pub fn next_event(&mut self, timeout: Duration) -> Result<Option<Event>> {
+        let end = Instant::now() + timeout;
+        loop {
+            if let Some(r) = self.model.next_generated() {
+                return Ok(Some(Event::from_record(r)));
+            }
+            let left = end.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            self.model.poll_records(left.as_millis().clamp(1, i32::MAX as u128) as i32)?;
+        }
+    }
+
+    /// The counters so far (read from the mapped .bss: no system call).
+    pub fn counters(&self) -> EventCounters {
+        let [accepted, refused_busy, refused_invalid, done] = self.model.event_counters();
+        EventCounters {
+            accepted,
+            refused_busy,
+            refused_invalid,
+            done,
+        }
+    }
+}
+
+impl Drop for EventServer<'_> {
+    fn drop(&mut self) {
+        drop(self.link.take());
+        let end = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < end {
+            let c = self.counters();
+            if c.done >= c.accepted {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
