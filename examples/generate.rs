@@ -253,8 +253,11 @@ fn run(args: &Args) -> Result<()> {
     };
     let mut model = Model::open(&dir, &opts)?;
     // greedy generation runs wholly in the kernel when the step does
-    let in_kernel =
-        sampling.is_greedy() && !sampling.has_penalties() && model.dispatch() == Dispatch::Kernel;
+    // (not with the screened head, which needs user space after each step)
+    let in_kernel = sampling.is_greedy()
+        && !sampling.has_penalties()
+        && model.dispatch() == Dispatch::Kernel
+        && !model.screened_head();
     if in_kernel {
         if let Some(tok) = &tokenizer {
             model.load_vocabulary(tok)?;
@@ -379,6 +382,8 @@ fn run(args: &Args) -> Result<()> {
         fmt_ratio(runs, passes),
         if in_kernel {
             "kernel: prompt and generation in the kernel"
+        } else if model.dispatch() == Dispatch::Kernel && model.screened_head() {
+            "kernel: one invocation per thread and token up to the LM head, then the screened head"
         } else if model.dispatch() == Dispatch::Kernel {
             "kernel: one invocation per thread and token"
         } else {

@@ -1087,8 +1087,16 @@ impl Model {
         let head = plan.entries.last().expect("a recorded plan ends with the head");
         let screened = !want_logits && self.screened;
         if self.dispatch == Dispatch::Kernel {
+            // With the screened head, the kernel runs everything before the head and the
+            // screen follows from user space (its activation norms are computed there).
             let n = plan.entries.len();
-            match self.ops.run_plan(self.b.plan, n, plan.threads, token, pos) {
+            let n_run = if screened { n - 1 } else { n };
+            match self.ops.run_plan(self.b.plan, n, n_run, plan.threads, token, pos) {
+                Ok(_) if screened => {
+                    return self
+                        .store
+                        .lm_head_argmax(&mut self.ops, self.b.xn, 0..self.cfg.vocab_size)
+                }
                 // threads past the head's parts ran no part of it
                 Ok(best) => return Ok(first_best(0, best.into_iter().take(head.parts.len()))),
                 Err(PlanFailure::TimedOut) => self.fallbacks += 1,

@@ -97,6 +97,8 @@ struct run_plan_args {
 	s32 ret;       /* scratch: the first failing entry + 1 */
 	u32 lane;      /* which .bss working buffer this run uses: the thread, or for one-thread
 			* runs that go on at once (the event path's requests), a slot of its own */
+	u32 n_run;     /* entries to run, from the first (0: all); the rest are left to user space */
+	u32 pad;
 };
 
 static __always_inline int plan_op(u32 op, union plan_args *b)
@@ -207,8 +209,10 @@ __noinline int plan_run(struct run_plan_args *a __arg_nonnull)
 	USE_ARENA(arena);
 	if (a->thread >= a->n_threads || a->n_threads > PLAN_THREADS_MAX || a->n_entries == 0)
 		return PLAN_E_ARGS;
+	if (a->n_run > a->n_entries)
+		return PLAN_E_ARGS;
 	a->ret = 0;
-	FOR(i, 0, a->n_entries) {
+	FOR(i, 0, a->n_run ? a->n_run : a->n_entries) {
 		if (plan_entry(a, i))
 			return PLAN_E_BARRIER;
 	}

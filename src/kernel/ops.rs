@@ -328,8 +328,8 @@ impl Ops {
         Ok(parts)
     }
 
-    /// Runs the plan whose slots are at `slots` (`n_entries` entries on `threads` threads)
-    /// for `token` at `pos`: one `run_plan` invocation per thread, concurrently. Returns each
+    /// Runs the first `n_run` entries of the plan whose slots are at `slots` (`n_entries`
+    /// entries on `threads` threads) for `token` at `pos`: one `run_plan` invocation per thread, concurrently. Returns each
     /// thread's LM-head argmax (row, logit), in row order; [`Error::Bpf`] when an operator
     /// refused its ctx, or (`timed_out`) when a barrier timed out because the threads did not
     /// run at the same time.
@@ -337,6 +337,7 @@ impl Ops {
         &mut self,
         slots: Region,
         n_entries: usize,
+        n_run: usize,
         threads: usize,
         token: u32,
         pos: u32,
@@ -357,6 +358,7 @@ impl Ops {
                 n_threads: threads as u32,
                 token,
                 pos,
+                n_run: n_run as u32,
                 ..Default::default()
             })
             .collect();

@@ -107,6 +107,11 @@ pub struct IntStore {
 /// costs one W4A8 pass per 64 tokens where it cannot help.
 pub const SCREEN: Format = W4A8;
 
+/// The widest hidden size the int stores build their 4-bit screen for: its certified window
+/// grows with `sqrt(hidden)`, and at hidden 1,024 (Qwen3-0.6B) it covers nearly every row, so
+/// that the screen would cost arena memory (99 MB there) and a back-off pass for nothing.
+pub const SCREEN_HIDDEN_MAX: usize = 512;
+
 fn file_name(plan: &Plan) -> String {
     format!("qwen_bpf.{}", plan.name)
 }
@@ -385,6 +390,7 @@ impl WeightStore for IntStore {
 
     fn enable_screen(&mut self) -> bool {
         self.screened = self.plan.lm_head == W8A16
+            && self.cfg.hidden_size <= SCREEN_HIDDEN_MAX
             && crate::screen::fits(SCREEN, self.cfg.vocab_size, self.cfg.hidden_size);
         self.screened
     }
