@@ -168,7 +168,10 @@ fn dispatch(c: &mut Criterion) {
                 if m.position() + LOOP_TOKENS + 1 > MAX_CONTEXT {
                     m.reset();
                 }
-                for t in m.generate_in_kernel(&[token], &opts).expect("in-kernel generation") {
+                for t in m
+                    .generate_in_kernel(&[token], &opts)
+                    .expect("in-kernel generation")
+                {
                     token = t.expect("a generated token");
                 }
                 black_box(token)

@@ -26,10 +26,11 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use qwen_bpf::event::request_datagram;
 use qwen_bpf::kernel::syscalls::BpfSyscalls;
 use qwen_bpf::{
-    Backend, Config, Dispatch, Error, FinishReason, GenerateOptions, KvFormat, Model,
-    ModelOptions, Result, SamplingParams, TextStream, Tokenizer,
+    Backend, Config, Dispatch, Error, Event, EventConfig, FinishReason, GenerateOptions, KvFormat,
+    Model, ModelOptions, Result, SamplingParams, TextStream, Tokenizer,
 };
 
 /// Generate text with the Qwen3 forward pass in BPF (greedily unless --temperature > 0).
@@ -107,7 +108,9 @@ struct Args {
     seed: Option<u64>,
     /// Who drives generation: per-op (user space, one BPF run per operator), kernel (greedy:
     /// the kernel feeds the prompt and generates, one invocation per thread and round;
-    /// sampling: one invocation per thread and token). Default: kernel where the store allows.
+    /// sampling: one invocation per thread and token), event (greedy: a UDP datagram to a
+    /// loopback port starts the generation in the kernel; no bpf(2) call drives it). Default:
+    /// kernel where the store allows.
     #[arg(long, value_parser = parse_mode)]
     dispatch: Option<Mode>,
 }
@@ -117,13 +120,17 @@ struct Args {
 enum Mode {
     PerOp,
     Kernel,
+    Event,
 }
 
 fn parse_mode(s: &str) -> std::result::Result<Mode, String> {
     match s {
         "per-op" => Ok(Mode::PerOp),
         "kernel" => Ok(Mode::Kernel),
-        _ => Err(format!("unknown dispatch {s:?}; known: per-op, kernel")),
+        "event" => Ok(Mode::Event),
+        _ => Err(format!(
+            "unknown dispatch {s:?}; known: per-op, kernel, event"
+        )),
     }
 }
 
@@ -246,18 +253,31 @@ fn run(args: &Args) -> Result<()> {
         progress: true,
         dispatch: match args.dispatch {
             Some(Mode::PerOp) => Dispatch::PerOp,
-            Some(Mode::Kernel) => Dispatch::Kernel,
+            Some(Mode::Kernel | Mode::Event) => Dispatch::Kernel,
             None => Dispatch::Auto,
         },
+        event_slots: (args.dispatch == Some(Mode::Event)) as usize,
         ..Default::default()
     };
     let mut model = Model::open(&dir, &opts)?;
     // greedy generation runs wholly in the kernel when the step does
+    let event = args.dispatch == Some(Mode::Event);
+    if event && !(sampling.is_greedy() && !sampling.has_penalties()) {
+        return Err(Error::Invalid(
+            "--dispatch event generates greedily: drop the sampling options".into(),
+        ));
+    }
+    if event && (args.load_context.is_some() || args.save_context.is_some()) {
+        return Err(Error::Invalid(
+            "--dispatch event starts each request from a fresh context: no --load-context or --save-context".into(),
+        ));
+    }
     // (not with the screened head, which needs user space after each step)
-    let in_kernel = sampling.is_greedy()
-        && !sampling.has_penalties()
-        && model.dispatch() == Dispatch::Kernel
-        && !model.screened_head();
+    let in_kernel = event
+        || (sampling.is_greedy()
+            && !sampling.has_penalties()
+            && model.dispatch() == Dispatch::Kernel
+            && !model.screened_head());
     if in_kernel {
         if let Some(tok) = &tokenizer {
             model.load_vocabulary(tok)?;
@@ -279,13 +299,73 @@ fn run(args: &Args) -> Result<()> {
 
     // Every bpf(2) call of this process from here to the end of generation is counted.
     let syscalls = BpfSyscalls::start()?;
-    let calls0 = syscalls.count();
+    let mut calls0 = syscalls.count();
     let runs0 = model.bpf_runs();
     let gen_opts = GenerateOptions::new(max_tokens)
         .with_stop_tokens(eos)
         .with_sampling(sampling.clone());
     let t = Instant::now();
-    let (generated, decode_passes, seed, stop, prefill, decode) = if in_kernel {
+    let (generated, decode_passes, seed, stop, prefill, decode) = if event {
+        // A datagram to a loopback port starts it: XDP takes the request, a BPF workqueue item
+        // generates; this process only sends and reads the ring buffer.
+        let port = free_udp_port()?;
+        let cfg = EventConfig {
+            max_new: max_tokens.max(1) as u32,
+            stop_tokens: gen_opts.stop_tokens.clone(),
+            ..EventConfig::loopback(port)?
+        };
+        let mut server = model.serve_events(&cfg)?;
+        calls0 = syscalls.count(); // loading and attaching the event path came before
+        let t = Instant::now();
+        let sock =
+            std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| Error::io("udp socket", e))?;
+        sock.send_to(
+            &request_datagram(1, max_tokens as u32, &prompt),
+            ("127.0.0.1", port),
+        )
+        .map_err(|e| Error::io("udp send", e))?;
+        let (mut text, mut prefill, mut n, mut finish) = (Vec::new(), None, 0usize, None);
+        while finish.is_none() {
+            match server.next_event(Duration::from_secs(120))? {
+                Some(Event::Token { id, bytes, .. }) => {
+                    prefill.get_or_insert(t.elapsed());
+                    n += 1;
+                    out.kernel_token(id, &bytes, &mut text)?;
+                }
+                Some(Event::Done {
+                    finish: f, error, ..
+                }) => {
+                    if f == FinishReason::Error {
+                        return Err(Error::Bpf {
+                            what: "the event path's generation".into(),
+                            detail: format!("ended with error {error}"),
+                        });
+                    }
+                    finish = Some(f);
+                }
+                Some(Event::Refused { reason, .. }) => {
+                    return Err(Error::Invalid(format!(
+                        "the kernel refused the request: {reason:?}"
+                    )))
+                }
+                Some(_) => {}
+                None => {
+                    return Err(Error::Invalid(
+                        "no answer from the kernel within 120 s".into(),
+                    ))
+                }
+            }
+        }
+        let prefill = prefill.unwrap_or(t.elapsed());
+        (
+            n,
+            n.saturating_sub(1),
+            None,
+            finish,
+            prefill,
+            t.elapsed() - prefill,
+        )
+    } else if in_kernel {
         // Prompt and tokens in the kernel; the first round returns after the first token, so
         // that its time is the prefill.
         let mut generation = model.generate_in_kernel(&prompt, &gen_opts)?;
@@ -380,7 +460,9 @@ fn run(args: &Args) -> Result<()> {
     eprintln!(
         "BPF runs: {} per token ({runs} in {passes} forward passes; dispatch {})",
         fmt_ratio(runs, passes),
-        if in_kernel {
+        if event {
+            "event: a UDP datagram started the generation in the kernel"
+        } else if in_kernel {
             "kernel: prompt and generation in the kernel"
         } else if model.dispatch() == Dispatch::Kernel && model.screened_head() {
             "kernel: one invocation per thread and token up to the LM head, then the screened head"
@@ -411,6 +493,14 @@ fn run(args: &Args) -> Result<()> {
         common::mib(mem.scratch)
     );
     Ok(())
+}
+
+/// A UDP port on the loopback interface that nothing listens on now.
+fn free_udp_port() -> Result<u16> {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").map_err(|e| Error::io("udp socket", e))?;
+    Ok(s.local_addr()
+        .map_err(|e| Error::io("udp socket", e))?
+        .port())
 }
 
 /// `n / d` with two decimals when it is not whole.

@@ -53,5 +53,15 @@ fn main() -> qwen_bpf::Result<()> {
         print!("{}", piece?);
     }
     println!();
+
+    // Greedy again, wholly inside the kernel: it feeds the prompt, takes each argmax, checks
+    // the stop tokens, and sends every token's text out on a ring buffer.
+    model.reset();
+    model.load_vocabulary(&tok)?;
+    let opts = GenerateOptions::new(64).with_stop_tokens(tok.eos_ids());
+    for piece in model.generate_in_kernel(&prompt, &opts)?.text() {
+        print!("{}", piece?);
+    }
+    println!();
     Ok(())
 }

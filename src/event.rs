@@ -201,7 +201,8 @@ impl<'m> EventServer<'m> {
             if left.is_zero() {
                 return Ok(None);
             }
-            self.model.poll_records(left.as_millis().clamp(1, i32::MAX as u128) as i32)?;
+            self.model
+                .poll_records(left.as_millis().clamp(1, i32::MAX as u128) as i32)?;
         }
     }
 

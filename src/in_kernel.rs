@@ -6,7 +6,8 @@
 //! the plan's barriers) runs for at most [`BUDGET`]: a kernel built without preemption lets one
 //! BPF program hold its CPU, and its soft-lockup watchdog fires after ~20 s. The invocation then
 //! returns where it stopped and the iterator starts the next one, so a generation of N tokens
-//! costs `threads × ceil(time / BUDGET)` `bpf(2)` calls in all. An invocation cannot be
+//! costs `threads × (1 + ceil(time / BUDGET))` `bpf(2)` calls in all: the first invocation
+//! returns after the first new token, so that it shows at once and its time is the prompt's. An invocation cannot be
 //! interrupted: a signal (Ctrl-C) takes effect when it returns, at most [`BUDGET`] later.
 
 use std::time::Duration;
@@ -40,6 +41,9 @@ pub struct KernelGeneration<'m> {
     finish: Option<FinishReason>,
     invocations: u64,
     last_bytes: Vec<u8>,
+    /// The time budget of every invocation after the first (the first returns after the first
+    /// token, so that the prompt's time is measured and its token shown at once).
+    budget_ns: u64,
 }
 
 impl std::fmt::Debug for KernelGeneration<'_> {
@@ -53,22 +57,25 @@ impl std::fmt::Debug for KernelGeneration<'_> {
 }
 
 impl<'m> KernelGeneration<'m> {
-    pub(crate) fn new(model: &'m mut Model, args: Vec<GenArgs>) -> Self {
+    pub(crate) fn new(model: &'m mut Model, mut args: Vec<GenArgs>) -> Self {
+        let budget_ns = args[0].budget_ns;
+        for a in &mut args {
+            a.budget_ns = 0;
+        }
         KernelGeneration {
             model,
             args,
             finish: None,
             invocations: 0,
             last_bytes: Vec::new(),
+            budget_ns,
         }
     }
 
     /// For tests: a time budget per invocation other than [`BUDGET`].
     #[doc(hidden)]
     pub fn with_budget(mut self, budget: Duration) -> Self {
-        for a in &mut self.args {
-            a.budget_ns = budget.as_nanos() as u64;
-        }
+        self.budget_ns = budget.as_nanos() as u64;
         self
     }
 
@@ -118,7 +125,12 @@ impl<'m> KernelGeneration<'m> {
                 a.next = lead.next;
             }
             match r {
-                Ok(()) => break,
+                Ok(()) => {
+                    for a in &mut self.args {
+                        a.budget_ns = self.budget_ns;
+                    }
+                    break;
+                }
                 Err(PlanFailure::TimedOut) if tries < RETRIES => tries += 1,
                 Err(PlanFailure::TimedOut) => {
                     return Err(Error::Bpf {

@@ -25,6 +25,10 @@
 //!   [`ModelOptions`]: a weight store ([`Backend`]), a KV-cache format ([`KvFormat`]) and size.
 //!   [`Model::generate`] streams tokens ([`Generation`], [`TextGeneration`]) chosen greedily by
 //!   the BPF argmax or by a [`Sampler`] with [`SamplingParams`].
+//! - The kernel runs the step of each token in one BPF invocation per thread ([`Dispatch`]);
+//!   [`Model::generate_in_kernel`] runs a whole greedy generation in the kernel, streaming tokens
+//!   and their text on a ring buffer ([`KernelGeneration`]); [`Model::serve_events`] lets a UDP
+//!   datagram start one, with no system call driving it ([`EventServer`]).
 //! - [`Reference`] is the f32 forward pass the fixed-point engine is measured against; both
 //!   implement [`Forward`].
 //! - [`Tokenizer`] is the Qwen3 tokenizer and chat template; [`ensure_default_model`] writes the
@@ -91,9 +95,9 @@ pub use checkpoint::Checkpoint;
 pub use config::{Config, RopeParameters};
 pub use default_model::{default_model_dir, ensure_default_model, TOKENIZER_ENV};
 pub use error::{Error, Result};
+pub use event::{Event, EventConfig, EventCounters, EventServer, Refusal};
 pub use forward::Forward;
 pub use generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
-pub use event::{Event, EventConfig, EventCounters, EventServer, Refusal};
 pub use in_kernel::{KernelGeneration, KernelText};
 pub use kv::{saved_position, KvFormat};
 pub use model::{KernelMemory, Model, ModelOptions};

@@ -1,18 +1,22 @@
 //! `Model`: a Qwen3 checkpoint whose forward pass runs as BPF programs over a [`WeightStore`].
 //!
-//! `Model::step`, behind [`Model::forward`] and [`Model::next_token`], is one flat pass, numbered like `modeling_qwen3.py`; every step is one BPF run
-//! (`test_run` of a `SEC("syscall")` program) over whole vectors or matrices, so a token costs 8
-//! runs per layer plus 3 with the resident Q24 store on one thread: 227 at the Qwen3-0.6B shape.
-//! Row-splitting the largest operators across threads adds one run per extra thread each; the
-//! low-bit stores add activation quantisation runs, the arena-batch store one run per window.
+//! `Model::emit` is the forward pass: one flat function, numbered like `modeling_qwen3.py`, one
+//! operator call per step over whole vectors or matrices. `Model::open` records it once into a
+//! plan ([`crate::plan`]) that the kernel runs in one `run_plan` invocation per thread and token
+//! ([`Dispatch::Kernel`]), or that user space replays one `test_run` per operator run
+//! ([`Dispatch::PerOp`]: 8 runs per layer plus 3 with the resident Q24 store on one thread, 227 at
+//! the Qwen3-0.6B shape; the low-bit stores add activation quantisation runs). The arena-batch
+//! store, which moves weight windows from user space, runs `emit` live, per operator.
 
 use std::path::{Path, PathBuf};
 
 use crate::fixed::{self, AttnShape};
 use crate::kernel::arena::{Region, MAX_ARENA_BYTES, PAGE};
-use crate::kernel::ops::{first_best, kv8_pairs, AttentionBuffers, AttentionI8Buffers, Ops, PlanFailure};
-use crate::plan::{self, Dispatch, Plan};
+use crate::kernel::ops::{
+    first_best, kv8_pairs, AttentionBuffers, AttentionI8Buffers, Ops, PlanFailure,
+};
 use crate::kv::{self, ContextHeader, KvCache, KvFormat};
+use crate::plan::{self, Dispatch, Plan};
 use crate::store::{linear_rows, Backend, Linear, Norm, WeightStore};
 use crate::{Checkpoint, Config, Error, Forward, GenerateOptions, Result, Tokenizer};
 
@@ -127,6 +131,17 @@ impl ModelOptions {
     }
 }
 
+/// What a step does with the LM head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Head {
+    /// Writes the logits (and finds their argmax).
+    Logits,
+    /// Finds the argmax only (screened where the model has a screen).
+    Argmax,
+    /// Nothing: a prompt token whose next-token prediction is not wanted.
+    Skip,
+}
+
 /// Kernel (arena) memory a model uses, in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -173,7 +188,7 @@ struct Buffers {
     ksh: Vec<Region>, // per layer u8 [head_dim]: int8 KV key smoothing shifts (else empty)
     plan: Region,     // plan::Slot [threads][entries]: the recorded step (see crate::plan)
     prompt: Region,   // u32 [max_ctx]: the prompt of in-kernel generation
-    vocab: Region,    // u32 offsets [vocab + 1], then the bytes: each token's text, for in-kernel generation
+    vocab: Region, // u32 offsets [vocab + 1], then the bytes: each token's text, for in-kernel generation
 }
 
 /// Bytes of each forward-pass buffer for `cfg` and `max_ctx`: the one list that both sizes the
@@ -225,10 +240,7 @@ impl BufferSizes {
             kv: KvCache::reserved_bytes(kv, cfg, max_ctx),
             ksh: hd,
             ksh_layers,
-            plan: Plan::arena_bytes(
-                plan_capacity(cfg),
-                threads.clamp(1, plan::THREADS_MAX),
-            ),
+            plan: Plan::arena_bytes(plan_capacity(cfg), threads.clamp(1, plan::THREADS_MAX)),
             prompt: max_ctx * 4,
             vocab: vocab_bytes(cfg.vocab_size),
         }
@@ -501,12 +513,14 @@ impl Model {
     /// slots to the arena.
     fn record(&mut self) -> Result<Plan> {
         self.ops.start_recording();
-        let emitted = self.emit(0, 0, true);
+        let emitted = self.emit(0, 0, Head::Logits);
         let entries = self.ops.finish_recording();
         emitted?;
         let plan = Plan::new(entries)?;
         if plan.entries.last().and_then(|e| e.head).is_none() {
-            return Err(Error::Invalid("the recorded step does not end with the LM head".into()));
+            return Err(Error::Invalid(
+                "the recorded step does not end with the LM head".into(),
+            ));
         }
         let slots = plan.slots();
         let bytes: &[u8] = bytemuck::cast_slice(&slots);
@@ -696,7 +710,7 @@ impl Model {
     /// Feeds `token` and returns the next-token logits (`vocab_size` f32, converted from Q16),
     /// borrowed until the next call ([`Forward::forward`]).
     pub fn forward(&mut self, token: u32) -> Result<&[f32]> {
-        self.step(token, true)?;
+        self.step(token, Head::Logits)?;
         let q16 = self.ops.arena.slice::<i32>(self.b.logits)?;
         for (out, &v) in self.logits.iter_mut().zip(q16) {
             *out = fixed::from_fixed(v, fixed::Q_ACT);
@@ -707,7 +721,7 @@ impl Model {
     /// Feeds `token` and returns the logits exactly as the kernel computed them (Q16), borrowed
     /// from the arena until the next call.
     pub fn forward_fixed(&mut self, token: u32) -> Result<&[i32]> {
-        self.step(token, true)?;
+        self.step(token, Head::Logits)?;
         self.ops.arena.slice::<i32>(self.b.logits)
     }
 
@@ -715,7 +729,7 @@ impl Model {
     /// fused argmax (no logits are copied out): the screened head ([`crate::screen`]) unless the
     /// model was opened with [`ModelOptions::screened_head`] false; the same token either way.
     pub fn next_token(&mut self, token: u32) -> Result<u32> {
-        Ok(self.step(token, false)?.0 as u32)
+        Ok(self.step(token, Head::Argmax)?.0 as u32)
     }
 
     /// Whether [`Model::next_token`] uses the screened head (see [`ModelOptions::screened_head`]).
@@ -746,7 +760,7 @@ impl Model {
         self.check_prompt(tokens)?;
         let (&last, head) = tokens.split_last().expect("checked: not empty");
         for &t in head {
-            self.step(t, false)?;
+            self.step(t, Head::Skip)?; // only the last prompt token's logits are wanted
         }
         self.forward(last)
     }
@@ -817,7 +831,8 @@ impl Model {
     /// generates up to `opts.max_tokens` tokens (stopping at `opts.stop_tokens`), the argmax of
     /// each step fed back in the kernel, writing each token to a BPF ring buffer as it is made;
     /// the returned iterator reads them. An invocation runs at most
-    /// [`crate::in_kernel::BUDGET`] and the iterator invokes again until the generation ends.
+    /// [`crate::in_kernel::BUDGET`] (the first one returns after the first new token) and the
+    /// iterator invokes again until the generation ends.
     /// Needs a store that can be planned; `opts.sampling` must be greedy (the kernel has no
     /// sampler). The prompt is checked as in [`Model::prefill`].
     pub fn generate_in_kernel(
@@ -860,7 +875,10 @@ impl Model {
         let reach = (self.pos + prompt.len() + max_new as usize).min(self.max_context);
         self.b.kv.ensure(&mut self.ops.arena, reach);
         let dst = self.b.prompt.prefix(prompt.len() * 4)?;
-        self.ops.arena.slice_mut::<u32>(dst)?.copy_from_slice(prompt);
+        self.ops
+            .arena
+            .slice_mut::<u32>(dst)?
+            .copy_from_slice(prompt);
         self.ops.tokens.clear();
         let head = plan.entries.last().expect("a plan ends with the head");
         let mut stops = [0u32; crate::in_kernel::STOPS_MAX];
@@ -910,7 +928,10 @@ impl Model {
     /// server is dropped: attaches the XDP program to `cfg.ifindex` for UDP datagrams to
     /// `cfg.port` from `cfg.sources`. Needs [`ModelOptions::event_slots`] > 0; every slot's KV
     /// cache is committed in full first. Each request starts a fresh context at position 0.
-    pub fn serve_events(&mut self, cfg: &crate::event::EventConfig) -> Result<crate::event::EventServer<'_>> {
+    pub fn serve_events(
+        &mut self,
+        cfg: &crate::event::EventConfig,
+    ) -> Result<crate::event::EventServer<'_>> {
         use crate::event::{PROMPT_MAX, SOURCES_MAX};
         if self.events.is_empty() {
             return Err(Error::Invalid(
@@ -1070,32 +1091,46 @@ impl Model {
         Ok(())
     }
 
-    /// One decoder pass at the current position. Returns the argmax (row, Q16 logit).
-    fn step(&mut self, token: u32, want_logits: bool) -> Result<(usize, i32)> {
+    /// One decoder pass at the current position. Returns the argmax (row, Q16 logit; (0, 0)
+    /// with [`Head::Skip`]).
+    fn step(&mut self, token: u32, head: Head) -> Result<(usize, i32)> {
         self.begin_step(token)?;
         let best = match self.plan.clone() {
-            None => self.emit(token, self.pos, want_logits)?,
-            Some(plan) => self.run_plan(&plan, token, want_logits)?,
+            None => self.emit(token, self.pos, head)?,
+            Some(plan) => self.run_plan(&plan, token, head)?,
         };
         self.pos += 1;
         Ok(best)
     }
 
     /// Runs the recorded step for `token` at the current position, as [`Model::dispatch`] says.
-    fn run_plan(&mut self, plan: &Plan, token: u32, want_logits: bool) -> Result<(usize, i32)> {
+    fn run_plan(&mut self, plan: &Plan, token: u32, mode: Head) -> Result<(usize, i32)> {
         let pos = self.pos as u32;
-        let head = plan.entries.last().expect("a recorded plan ends with the head");
-        let screened = !want_logits && self.screened;
+        let head = plan
+            .entries
+            .last()
+            .expect("a recorded plan ends with the head");
+        let screened = mode == Head::Argmax && self.screened;
         if self.dispatch == Dispatch::Kernel {
             // With the screened head, the kernel runs everything before the head and the
             // screen follows from user space (its activation norms are computed there).
             let n = plan.entries.len();
-            let n_run = if screened { n - 1 } else { n };
-            match self.ops.run_plan(self.b.plan, n, n_run, plan.threads, token, pos) {
+            let n_run = if screened || mode == Head::Skip {
+                n - 1
+            } else {
+                n
+            };
+            match self
+                .ops
+                .run_plan(self.b.plan, n, n_run, plan.threads, token, pos)
+            {
+                Ok(_) if mode == Head::Skip => return Ok((0, 0)),
                 Ok(_) if screened => {
-                    return self
-                        .store
-                        .lm_head_argmax(&mut self.ops, self.b.xn, 0..self.cfg.vocab_size)
+                    return self.store.lm_head_argmax(
+                        &mut self.ops,
+                        self.b.xn,
+                        0..self.cfg.vocab_size,
+                    )
                 }
                 // threads past the head's parts ran no part of it
                 Ok(best) => return Ok(first_best(0, best.into_iter().take(head.parts.len()))),
@@ -1106,6 +1141,9 @@ impl Model {
         let body = &plan.entries[..plan.entries.len() - 1];
         for e in body {
             self.ops.run_entry(e, token, pos)?;
+        }
+        if mode == Head::Skip {
+            return Ok((0, 0));
         }
         if screened {
             return self
@@ -1119,9 +1157,8 @@ impl Model {
 
     /// The forward pass of `token` at `pos`, one operator after another: the one statement of
     /// the step. It runs live for stores that cannot be planned and is recorded once at open
-    /// into the plan ([`crate::plan`]) for the others. With `want_logits` the head writes the
-    /// logits; otherwise it only finds their argmax, screened where the model has a screen.
-    fn emit(&mut self, token: u32, pos: usize, want_logits: bool) -> Result<(usize, i32)> {
+    /// into the plan ([`crate::plan`]) for the others. `head` says what step 10 does.
+    fn emit(&mut self, token: u32, pos: usize, head: Head) -> Result<(usize, i32)> {
         let c = &self.cfg;
         let (h, hd, eps) = (c.hidden_size, c.head_dim(), self.eps_q64);
         let (nq, nkv, qd, kvd) = (
@@ -1226,12 +1263,12 @@ impl Model {
         // 9. xn = RMSNorm(x; model.norm)                               xn [hidden]
         ops.rmsnorm(b.x, true, store.norm(Norm::Final), b.xn, h, 1, eps)?;
         // 10. logits = lm_head · xn, and their argmax                  logits [vocab]
-        let best = if want_logits || !self.screened {
-            store.lm_head(ops, b.xn, want_logits.then_some(b.logits), 0..c.vocab_size)?
-        } else {
-            store.lm_head_argmax(ops, b.xn, 0..c.vocab_size)?
-        };
-        Ok(best)
+        match head {
+            Head::Logits => store.lm_head(ops, b.xn, Some(b.logits), 0..c.vocab_size),
+            Head::Argmax if self.screened => store.lm_head_argmax(ops, b.xn, 0..c.vocab_size),
+            Head::Argmax => store.lm_head(ops, b.xn, None, 0..c.vocab_size),
+            Head::Skip => Ok((0, 0)),
+        }
     }
 }
 

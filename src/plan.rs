@@ -96,7 +96,11 @@ impl Patch {
 
     /// Writes this patch's field into `args` for `token` at `pos` (what `plan_patch` does).
     pub fn apply(&self, args: &mut Args, token: u32, pos: u32) -> Result<()> {
-        let var = if self.var == Var::Pos as u8 { pos } else { token };
+        let var = if self.var == Var::Pos as u8 {
+            pos
+        } else {
+            token
+        };
         let v = self.base.wrapping_add(var as u64 * self.mul as u64);
         let bytes: &mut [u8] = bytemuck::cast_slice_mut(args);
         let off = self.off as usize;
@@ -355,7 +359,11 @@ mod tests {
         assert_eq!(a[1], 100 + 3 * 512, "an 8-byte position patch");
         let t = Patch::new(4, 4, Var::Token, 1);
         t.apply(&mut a, 42, 3).unwrap();
-        assert_eq!(a[0] >> 32, 42, "a 4-byte token patch in the upper half of word 0");
+        assert_eq!(
+            a[0] >> 32,
+            42,
+            "a 4-byte token patch in the upper half of word 0"
+        );
         assert!(Patch::new(158, 8, Var::Pos, 1).apply(&mut a, 0, 0).is_err());
         assert!(Patch::new(6, 4, Var::Pos, 1).apply(&mut a, 0, 0).is_err());
     }
@@ -372,8 +380,16 @@ mod tests {
         let s = plan.slots();
         assert_eq!((plan.threads, s.len()), (2, 8));
         let flags: Vec<u32> = s[..4].iter().map(|s| s.flags).collect();
-        assert_eq!(flags, [0, SYNC, SYNC, 0], "barriers before and after the split entry");
+        assert_eq!(
+            flags,
+            [0, SYNC, SYNC, 0],
+            "barriers before and after the split entry"
+        );
         let thread1_ops: Vec<u32> = s[4..].iter().map(|s| s.op).collect();
-        assert_eq!(thread1_ops, [0, 0, 2, 0], "thread 1 runs only its part of the split entry");
+        assert_eq!(
+            thread1_ops,
+            [0, 0, 2, 0],
+            "thread 1 runs only its part of the split entry"
+        );
     }
 }

@@ -103,21 +103,36 @@ fn a_datagram_starts_a_generation_in_the_kernel_with_no_bpf_syscall() {
     let want = reference(&dir, Backend::Q24, &prompt, 12);
     let mut m = open(&dir, Backend::Q24, 2);
     let port = 47_001;
-    let mut server = m.serve_events(&EventConfig::loopback(port).unwrap()).unwrap();
+    let mut server = m
+        .serve_events(&EventConfig::loopback(port).unwrap())
+        .unwrap();
     let calls = BpfSyscalls::start().unwrap();
     let before = calls.count();
     send(&request_datagram(7, 12, &prompt), port);
     let got = collect(&mut server, 1, Duration::from_secs(60));
     let bpf_calls = calls.count() - before;
     let (tokens, end) = &got[&7];
-    assert_eq!(tokens, &want, "tokens of the event path vs per-operator greedy");
+    assert_eq!(
+        tokens, &want,
+        "tokens of the event path vs per-operator greedy"
+    );
     assert!(
-        matches!(end, Some(Event::Done { request: 7, finish: FinishReason::MaxTokens, .. })),
+        matches!(
+            end,
+            Some(Event::Done {
+                request: 7,
+                finish: FinishReason::MaxTokens,
+                ..
+            })
+        ),
         "request 7 ended at max tokens: {end:?}"
     );
     assert_eq!(bpf_calls, 0, "bpf(2) calls while the kernel generated");
     let c = server.counters();
-    assert_eq!((c.accepted, c.done, c.refused_busy, c.refused_invalid), (1, 1, 0, 0));
+    assert_eq!(
+        (c.accepted, c.done, c.refused_busy, c.refused_invalid),
+        (1, 1, 0, 0)
+    );
 }
 
 #[test]
@@ -130,7 +145,9 @@ fn concurrent_requests_on_two_cpus_keep_their_results_apart() {
         .collect();
     let mut m = open(&dir, Backend::Int4, 2);
     let port = 47_002;
-    let mut server = m.serve_events(&EventConfig::loopback(port).unwrap()).unwrap();
+    let mut server = m
+        .serve_events(&EventConfig::loopback(port).unwrap())
+        .unwrap();
     std::thread::scope(|s| {
         for (i, p) in prompts.iter().enumerate() {
             s.spawn(move || {
@@ -142,8 +159,20 @@ fn concurrent_requests_on_two_cpus_keep_their_results_apart() {
     let got = collect(&mut server, 2, Duration::from_secs(120));
     for (i, w) in want.iter().enumerate() {
         let (tokens, end) = &got[&(100 + i as u32)];
-        assert_eq!(tokens, w, "request {i}'s tokens vs its own per-operator greedy");
-        assert!(matches!(end, Some(Event::Done { finish: FinishReason::MaxTokens, .. })), "{end:?}");
+        assert_eq!(
+            tokens, w,
+            "request {i}'s tokens vs its own per-operator greedy"
+        );
+        assert!(
+            matches!(
+                end,
+                Some(Event::Done {
+                    finish: FinishReason::MaxTokens,
+                    ..
+                })
+            ),
+            "{end:?}"
+        );
     }
 }
 
@@ -160,7 +189,8 @@ fn a_flood_of_malformed_oversized_and_excess_requests_is_answered_or_counted() {
     let mut server = m.serve_events(&cfg).unwrap();
     let good = |r: u32| request_datagram(r, 8, &[785, 3974, 13876]);
     let mut sent = Vec::new();
-    let mut bad = |payload: Vec<u8>, request: u32, why: Refusal| sent.push((payload, request, Some(why)));
+    let mut bad =
+        |payload: Vec<u8>, request: u32, why: Refusal| sent.push((payload, request, Some(why)));
     bad(b"hello".to_vec(), 0, Refusal::Malformed);
     let mut wrong_magic = good(1);
     wrong_magic[0] ^= 1;
@@ -168,7 +198,11 @@ fn a_flood_of_malformed_oversized_and_excess_requests_is_answered_or_counted() {
     let mut truncated = good(2);
     truncated.truncate(truncated.len() - 2);
     bad(truncated, 2, Refusal::Malformed);
-    bad(request_datagram(3, 8, &[1, vocab, 2]), 3, Refusal::TokenOutOfRange);
+    bad(
+        request_datagram(3, 8, &[1, vocab, 2]),
+        3,
+        Refusal::TokenOutOfRange,
+    );
     bad(request_datagram(4, 9, &[1, 2]), 4, Refusal::Limit);
     bad(request_datagram(5, 8, &vec![1; 60]), 5, Refusal::Limit); // longer than the context
     bad(request_datagram(6, 8, &[]), 6, Refusal::Limit);
@@ -188,7 +222,10 @@ fn a_flood_of_malformed_oversized_and_excess_requests_is_answered_or_counted() {
         "every datagram to the port is accepted or counted as refused: {c:?}"
     );
     assert_eq!(c.refused_invalid, 8, "the 8 invalid datagrams: {c:?}");
-    assert!(c.accepted >= 2 && c.refused_busy > 0, "2 slots, 40 requests at once: {c:?}");
+    assert!(
+        c.accepted >= 2 && c.refused_busy > 0,
+        "2 slots, 40 requests at once: {c:?}"
+    );
     for (_, request, why) in sent.iter().filter(|s| s.2.is_some()) {
         if *request > 0 {
             assert!(
@@ -201,19 +238,31 @@ fn a_flood_of_malformed_oversized_and_excess_requests_is_answered_or_counted() {
     let mut done = 0;
     for r in 1000..1040u32 {
         match &got[&r].1 {
-            Some(Event::Done { finish: FinishReason::MaxTokens, .. }) => {
+            Some(Event::Done {
+                finish: FinishReason::MaxTokens,
+                ..
+            }) => {
                 assert_eq!(got[&r].0.len(), 8, "request {r} generated its 8 tokens");
                 done += 1;
             }
-            Some(Event::Refused { reason: Refusal::Busy, .. }) => {}
+            Some(Event::Refused {
+                reason: Refusal::Busy,
+                ..
+            }) => {}
             other => panic!("request {r}: {other:?}"),
         }
     }
     assert_eq!(done as u64, c.accepted, "every accepted request ends");
     assert_eq!(c.done, c.accepted, "no worker left running");
-    assert!(t.elapsed() < Duration::from_secs(120), "the flood is over in bounded time");
+    assert!(
+        t.elapsed() < Duration::from_secs(120),
+        "the flood is over in bounded time"
+    );
     // the server still serves after the flood
     send(&good(5000), port);
     let after = collect(&mut server, 1, Duration::from_secs(30));
-    assert!(matches!(after[&5000].1, Some(Event::Done { .. })), "served after the flood");
+    assert!(
+        matches!(after[&5000].1, Some(Event::Done { .. })),
+        "served after the flood"
+    );
 }

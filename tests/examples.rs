@@ -225,3 +225,49 @@ fn library_example_runs_and_is_repeatable() {
         "{err}"
     );
 }
+
+#[test]
+fn generate_gives_the_same_tokens_for_every_dispatch_and_no_bpf_syscall_for_events() {
+    let dir = common::tiny_model("examples-dispatch");
+    let scratch = common::scratch_dir();
+    let cache = scratch.path().join("cache");
+    let run = |dispatch: &str| {
+        let o = Command::new(common::example_bin("generate"))
+            .args([
+                "--model",
+                dir.to_str().unwrap(),
+                "--tokens",
+                "785,3974,13876",
+            ])
+            .args(["--max-tokens", "12", "--dispatch", dispatch, "--cache-dir"])
+            .arg(&cache)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "generate --dispatch {dispatch}: {err}");
+        let calls = err
+            .lines()
+            .find_map(|l| l.strip_prefix("bpf syscalls: "))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no bpf syscalls line: {err}"));
+        (String::from_utf8_lossy(&o.stdout).into_owned(), calls)
+    };
+    let (per_op, per_op_calls) = run("per-op");
+    let (kernel, kernel_calls) = run("kernel");
+    let (event, event_calls) = run("event");
+    assert!(
+        per_op.matches('<').count() == 12,
+        "12 tokens printed: {per_op}"
+    );
+    assert_eq!(kernel, per_op, "tokens with --dispatch kernel vs per-op");
+    assert_eq!(event, per_op, "tokens with --dispatch event vs per-op");
+    assert_eq!(
+        event_calls, 0.0,
+        "bpf(2) calls per generated token with --dispatch event"
+    );
+    assert!(
+        kernel_calls < per_op_calls,
+        "the kernel dispatch needs fewer bpf(2) calls ({kernel_calls} vs {per_op_calls})"
+    );
+}

@@ -12,7 +12,13 @@ use qwen_bpf::{
 
 const PROMPT: [u32; 5] = [785, 3974, 13876, 38835, 916];
 
-fn open(dir: &std::path::Path, backend: Backend, kv: KvFormat, threads: usize, d: Dispatch) -> Model {
+fn open(
+    dir: &std::path::Path,
+    backend: Backend,
+    kv: KvFormat,
+    threads: usize,
+    d: Dispatch,
+) -> Model {
     Model::open(
         dir,
         &ModelOptions {
@@ -61,8 +67,15 @@ fn in_kernel_generation_equals_the_per_operator_tokens_for_every_store_and_threa
             let got: Vec<u32> = g.by_ref().map(|t| t.unwrap()).collect();
             let (finish, rounds) = (g.finish_reason(), g.invocations());
             drop(g);
-            let what = format!("{} store, {} KV, {threads} threads", backend.name(), kv.name());
-            assert_eq!(got, want, "in-kernel vs per-operator greedy tokens ({what})");
+            let what = format!(
+                "{} store, {} KV, {threads} threads",
+                backend.name(),
+                kv.name()
+            );
+            assert_eq!(
+                got, want,
+                "in-kernel vs per-operator greedy tokens ({what})"
+            );
             assert_eq!(finish, Some(FinishReason::MaxTokens), "{what}");
             assert_eq!(
                 m.bpf_runs() - runs,
@@ -142,9 +155,16 @@ fn the_kernel_sends_each_tokens_text_and_the_reader_joins_utf8() {
         .text()
         .map(|p| p.unwrap())
         .collect();
-    assert_eq!(text, tok.decode(&ids).unwrap(), "kernel text vs the tokenizer's decode");
+    assert_eq!(
+        text,
+        tok.decode(&ids).unwrap(),
+        "kernel text vs the tokenizer's decode"
+    );
     // every token's bytes, joined, decode like the tokenizer (multi-byte characters included)
-    let all: Vec<u8> = prompt.iter().flat_map(|&t| tok.token_bytes(t).unwrap()).collect();
+    let all: Vec<u8> = prompt
+        .iter()
+        .flat_map(|&t| tok.token_bytes(t).unwrap())
+        .collect();
     assert_eq!(String::from_utf8(all).unwrap(), "Héllo wörld, ünïcode ✓ ");
 }
 
@@ -155,12 +175,18 @@ fn in_kernel_generation_refuses_what_the_kernel_cannot_do() {
     let sampled = GenerateOptions::new(4).with_sampling(SamplingParams::new(0.7));
     assert!(matches!(
         m.generate_in_kernel(&PROMPT, &sampled),
-        Err(Error::InvalidParameter { name: "temperature", .. })
+        Err(Error::InvalidParameter {
+            name: "temperature",
+            ..
+        })
     ));
     let many_stops = GenerateOptions::new(4).with_stop_tokens(0..9);
     assert!(matches!(
         m.generate_in_kernel(&PROMPT, &many_stops),
-        Err(Error::InvalidParameter { name: "stop_tokens", .. })
+        Err(Error::InvalidParameter {
+            name: "stop_tokens",
+            ..
+        })
     ));
     assert!(matches!(
         m.generate_in_kernel(&[1 << 30], &GenerateOptions::new(4)),
@@ -181,7 +207,11 @@ fn in_kernel_generation_refuses_what_the_kernel_cannot_do() {
         },
     )
     .unwrap();
-    assert_eq!(arena.dispatch(), Dispatch::PerOp, "the arena store runs per operator");
+    assert_eq!(
+        arena.dispatch(),
+        Dispatch::PerOp,
+        "the arena store runs per operator"
+    );
     assert!(matches!(
         arena.generate_in_kernel(&PROMPT, &GenerateOptions::new(4)),
         Err(Error::Invalid(_))

@@ -71,7 +71,11 @@ fn bpf_forward_equals_twin_bit_for_bit_and_counts_runs() {
                 "logits at position {i}: BPF ({what}) vs Rust twin"
             );
             if *runs > 0 {
-                assert_eq!(m.bpf_runs() - before, *runs, "BPF runs for token {i} ({what})");
+                assert_eq!(
+                    m.bpf_runs() - before,
+                    *runs,
+                    "BPF runs for token {i} ({what})"
+                );
             }
         }
         let argmax = got
@@ -83,7 +87,11 @@ fn bpf_forward_equals_twin_bit_for_bit_and_counts_runs() {
         assert_eq!(argmax, best, "twin argmax at position {i}");
     }
     for (m, _) in &kernel {
-        assert_eq!(m.kernel_fallbacks(), 0, "every kernel run met at its barriers");
+        assert_eq!(
+            m.kernel_fallbacks(),
+            0,
+            "every kernel run met at its barriers"
+        );
     }
 }
 

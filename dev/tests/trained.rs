@@ -11,7 +11,7 @@ mod common;
 use std::process::Command;
 
 use qwen_bpf::reference::{self, Reference};
-use qwen_bpf::{Backend, Checkpoint, KvFormat, Model, ModelOptions};
+use qwen_bpf::{Backend, Checkpoint, Dispatch, GenerateOptions, KvFormat, Model, ModelOptions};
 
 /// The evaluation text (not from the training corpus): its first [`N`] bytes, byte = token id.
 const TEXT: &[u8] = b"The old lighthouse keeper climbed the spiral stairs every evening at dusk, \
@@ -141,6 +141,55 @@ fn low_bit_stores_stay_close_to_the_reference_on_a_trained_model() {
         assert!(
             agree >= 126 && same >= 48,
             "{}: int8 KV keeps argmax {agree}/128 and greedy {same}/64 of q16 KV (bars 126, 48)",
+            backend.name()
+        );
+    }
+
+    // The kernel's executors on the trained model: the step in one invocation per thread, and
+    // generation inside the kernel, give exactly the per-operator integers and tokens.
+    for backend in [Backend::Q24, Backend::Int4] {
+        let open = |dispatch: Dispatch| {
+            let opts = ModelOptions {
+                backend,
+                dispatch,
+                threads: 2,
+                kv: KvFormat::Int8,
+                max_context: tokens.len(),
+                cache_dir: Some(dir.path().join("cache")),
+                ..Default::default()
+            };
+            Model::open(&model, &opts).unwrap()
+        };
+        let (mut per_op, mut kernel) = (open(Dispatch::PerOp), open(Dispatch::Kernel));
+        for (i, &t) in tokens.iter().enumerate() {
+            let want = per_op.forward_fixed(t).unwrap().to_vec();
+            assert_eq!(
+                kernel.forward_fixed(t).unwrap(),
+                want,
+                "{}: kernel vs per-operator logits at position {i} of the trained model",
+                backend.name()
+            );
+        }
+        per_op.reset();
+        kernel.reset();
+        let mut next = per_op
+            .prefill(&tokens[..64])
+            .map(|l| reference::argmax(l) as u32)
+            .unwrap();
+        let mut greedy = vec![next];
+        while greedy.len() < 32 {
+            next = per_op.next_token(next).unwrap();
+            greedy.push(next);
+        }
+        let in_kernel: Vec<u32> = kernel
+            .generate_in_kernel(&tokens[..64], &GenerateOptions::new(32))
+            .unwrap()
+            .map(|t| t.unwrap())
+            .collect();
+        assert_eq!(
+            in_kernel,
+            greedy,
+            "{}: in-kernel greedy vs per-operator greedy on the trained model",
             backend.name()
         );
     }

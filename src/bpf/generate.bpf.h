@@ -157,6 +157,8 @@ __noinline int gen_run(struct gen_args *a __arg_nonnull)
 			break;
 		}
 		st->token = prefill ? prompt[a->fed] : a->next;
+		/* a prompt token before the last needs no LM head: its prediction is not wanted */
+		st->n_run = prefill && a->fed + 1 < a->n_prompt ? a->run.n_entries - 1 : 0;
 		r = plan_run(st);
 		if (r)
 			return r;

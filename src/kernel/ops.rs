@@ -23,11 +23,11 @@ pub(crate) mod skel {
     )]
     include!(concat!(env!("OUT_DIR"), "/ops.skel.rs"));
 }
+/// The event path's configuration (`struct ev_config`).
+pub(crate) use skel::types::ev_config as EventCfg;
 pub use skel::types::formats_args as Formats;
 /// The ctx of the `generate` program (`struct gen_args`).
 pub(crate) use skel::types::gen_args as GenArgs;
-/// The event path's configuration (`struct ev_config`).
-pub(crate) use skel::types::ev_config as EventCfg;
 /// The ctx of the `run_plan` program (`struct run_plan_args`).
 pub(crate) use skel::types::run_plan_args as RunPlanArgs;
 use skel::types::*;
@@ -126,7 +126,10 @@ fn plan_outcome(rcs: Vec<Result<i32>>, what: &str) -> std::result::Result<(), Pl
                 return Err(PlanFailure::Error(Error::Bpf {
                     what: what.into(),
                     detail: if rc > 0 {
-                        format!("the operator of plan entry {} refused its arguments", rc - 1)
+                        format!(
+                            "the operator of plan entry {} refused its arguments",
+                            rc - 1
+                        )
                     } else {
                         format!("refused its arguments (ret {rc})")
                     },
@@ -547,8 +550,18 @@ impl Ops {
             ret: 0,
         };
         self.patch_next(vec![
-            Patch::new(std::mem::offset_of!(qk_norm_rope_args, cos), 8, Var::Pos, row),
-            Patch::new(std::mem::offset_of!(qk_norm_rope_args, sin), 8, Var::Pos, row),
+            Patch::new(
+                std::mem::offset_of!(qk_norm_rope_args, cos),
+                8,
+                Var::Pos,
+                row,
+            ),
+            Patch::new(
+                std::mem::offset_of!(qk_norm_rope_args, sin),
+                8,
+                Var::Pos,
+                row,
+            ),
         ]);
         self.run("qk_norm_rope", &mut a)?;
         check_ret("qk_norm_rope", a.ret)
@@ -875,4 +888,3 @@ fn check_ret(what: &str, ret: i32) -> Result<()> {
     }
     Ok(())
 }
-

@@ -42,7 +42,11 @@ pub enum Record {
 
 impl GenToken {
     fn parse(data: &[u8]) -> Option<GenToken> {
-        let word = |i: usize| Some(u32::from_ne_bytes(data.get(4 * i..4 * i + 4)?.try_into().ok()?));
+        let word = |i: usize| {
+            Some(u32::from_ne_bytes(
+                data.get(4 * i..4 * i + 4)?.try_into().ok()?,
+            ))
+        };
         let len = (word(3)? as usize).min(TEXT_MAX);
         Some(GenToken {
             id: word(0)?,
@@ -85,7 +89,12 @@ unsafe extern "C" fn on_record(
 ) -> i32 {
     // SAFETY: ctx is the Box<Queue> of the TokenRing that registered this callback, alive while
     // the ring buffer is; data points at `size` readable bytes of the record.
-    let (queue, data) = unsafe { (&*(ctx as *const Queue), std::slice::from_raw_parts(data as *const u8, size as usize)) };
+    let (queue, data) = unsafe {
+        (
+            &*(ctx as *const Queue),
+            std::slice::from_raw_parts(data as *const u8, size as usize),
+        )
+    };
     if let Some(t) = GenToken::parse(data) {
         queue.borrow_mut().push_back(t);
     }

@@ -83,10 +83,14 @@ fn load(
     let mut open = SyscallsSkelBuilder::default()
         .open(storage)
         .map_err(|e| load_error("the bpf(2) counter", e))?;
-    let ro = open.maps.rodata_data.as_deref_mut().ok_or_else(|| Error::Bpf {
-        what: "the bpf(2) counter".into(),
-        detail: "no .rodata".into(),
-    })?;
+    let ro = open
+        .maps
+        .rodata_data
+        .as_deref_mut()
+        .ok_or_else(|| Error::Bpf {
+            what: "the bpf(2) counter".into(),
+            detail: "no .rodata".into(),
+        })?;
     ro.tgid = std::process::id();
     ro.nr_bpf = NR_BPF;
     let skel = open
