@@ -10,9 +10,9 @@
 //!   `qwen_bpf::default_model` (generated once, ~1.2 GB, plus each store's cache on its first
 //!   load), or on the model directory in `$QWEN_BPF_BENCH_MODEL`. Throughput is tokens/s.
 //! * `dispatch`: per store (q24, int4, int8), one decode step per operator run from user space
-//!   (`per-op`, with the screened head where the store has one, and `per-op-exact`, with the
-//!   full head as the kernel computes it), as one `run_plan` invocation per thread (`kernel`),
-//!   and 8 tokens generated in the kernel per iteration (`kernel-loop`), on one model per store
+//!   (`per-op`) and as one `run_plan` invocation per thread (`kernel`), each with the store's
+//!   default head (q24: screened) and with the full exact head (`-exact`), and 8 tokens
+//!   generated in the kernel per iteration (`kernel-loop`, exact head), on one model per store
 //!   switched between them (`Model::set_dispatch`): `cargo bench --bench decode -- dispatch`.
 //! * `screened_head`: `next_token` with the screened LM head (`qwen_bpf::screen`, the default)
 //!   against the full exact head, for the q24 and int4 stores, on one model per store switched
@@ -112,6 +112,17 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
+/// `backend`'s model with the default options and a context of [`MAX_CONTEXT`].
+fn open_store(dir: &std::path::Path, backend: Backend) -> Model {
+    let opts = ModelOptions {
+        backend,
+        max_context: MAX_CONTEXT,
+        progress: true,
+        ..Default::default()
+    };
+    Model::open(dir, &opts).unwrap_or_else(|e| panic!("opening the {} store: {e}", backend.name()))
+}
+
 /// One greedy decode step per iteration: `next_token`, from a fresh context when it is full.
 fn next_token_steps(b: &mut criterion::Bencher<'_>, m: &mut Model, token: &mut u32) {
     b.iter(|| {
@@ -136,23 +147,17 @@ fn dispatch(c: &mut Criterion) {
         .warm_up_time(Duration::from_secs(2))
         .measurement_time(Duration::from_secs(10));
     for backend in [Backend::Q24, Backend::Int4, Backend::Int8] {
-        let opts = ModelOptions {
-            backend,
-            max_context: MAX_CONTEXT,
-            progress: true,
-            ..Default::default()
-        };
-        let mut m = Model::open(&dir, &opts)
-            .unwrap_or_else(|e| panic!("opening the {} store: {e}", backend.name()));
+        let mut m = open_store(&dir, backend);
         let mut token = FIRST_TOKEN;
         g.throughput(Throughput::Elements(1));
-        // per-op: one test_run per operator run (with the screened head where the store has
-        // one); per-op-exact: the same with the full head, as the kernel computes it; kernel:
-        // one run_plan invocation per thread and token
+        // per-op: one test_run per operator run; kernel: one run_plan invocation per thread
+        // and token. Both with the store's default head (q24: screened, the kernel running the
+        // plan up to the head and the screen following), and with the full exact head (-exact).
         for (name, d, screened) in [
             ("per-op", Dispatch::PerOp, true),
+            ("kernel", Dispatch::Kernel, true),
             ("per-op-exact", Dispatch::PerOp, false),
-            ("kernel", Dispatch::Kernel, false),
+            ("kernel-exact", Dispatch::Kernel, false),
         ] {
             m.set_dispatch(d).expect("a planned store");
             m.set_screened_head(screened);
@@ -192,14 +197,7 @@ fn screened_head(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(8))
         .throughput(Throughput::Elements(1));
     for backend in [Backend::Q24, Backend::Int4] {
-        let opts = ModelOptions {
-            backend,
-            max_context: MAX_CONTEXT,
-            progress: true,
-            ..Default::default()
-        };
-        let mut m = Model::open(&dir, &opts)
-            .unwrap_or_else(|e| panic!("opening the {} store: {e}", backend.name()));
+        let mut m = open_store(&dir, backend);
         let mut token = FIRST_TOKEN;
         for screened in [true, false] {
             m.set_screened_head(screened);

@@ -268,6 +268,20 @@ fn vocab_bytes(vocab: usize) -> usize {
     (vocab + 1) * 4 + vocab * 16
 }
 
+/// The stop tokens as the kernel takes them: at most [`crate::in_kernel::STOPS_MAX`].
+fn kernel_stops(tokens: &[u32]) -> Result<[u32; crate::in_kernel::STOPS_MAX]> {
+    let mut stops = [0u32; crate::in_kernel::STOPS_MAX];
+    if tokens.len() > stops.len() {
+        return Err(Error::InvalidParameter {
+            name: "stop_tokens",
+            value: tokens.len() as f64,
+            expected: "at most 8 stop tokens in the kernel",
+        });
+    }
+    stops[..tokens.len()].copy_from_slice(tokens);
+    Ok(stops)
+}
+
 /// Plan entries the arena holds room for.
 fn plan_capacity(cfg: &Config) -> usize {
     plan::ENTRIES_PER_LAYER * (cfg.num_hidden_layers + 1)
@@ -861,13 +875,7 @@ impl Model {
                 });
             }
         }
-        if opts.stop_tokens.len() > crate::in_kernel::STOPS_MAX {
-            return Err(Error::InvalidParameter {
-                name: "stop_tokens",
-                value: opts.stop_tokens.len() as f64,
-                expected: "at most 8 stop tokens in the kernel",
-            });
-        }
+        let stops = kernel_stops(&opts.stop_tokens)?;
         self.check_prompt(prompt)?;
         let max_new = opts.max_tokens.min(u32::MAX as usize - 1) as u32;
         // every position this generation can feed, committed ahead (a store to an uncommitted
@@ -881,8 +889,6 @@ impl Model {
             .copy_from_slice(prompt);
         self.ops.tokens.clear();
         let head = plan.entries.last().expect("a plan ends with the head");
-        let mut stops = [0u32; crate::in_kernel::STOPS_MAX];
-        stops[..opts.stop_tokens.len()].copy_from_slice(&opts.stop_tokens);
         let args = (0..plan.threads)
             .map(|t| crate::kernel::ops::GenArgs {
                 run: crate::kernel::ops::RunPlanArgs {
@@ -945,13 +951,7 @@ impl Model {
                 expected: "1 to 4 IPv4 sources",
             });
         }
-        if cfg.stop_tokens.len() > crate::in_kernel::STOPS_MAX {
-            return Err(Error::InvalidParameter {
-                name: "stop_tokens",
-                value: cfg.stop_tokens.len() as f64,
-                expected: "at most 8 stop tokens in the kernel",
-            });
-        }
+        let stops = kernel_stops(&cfg.stop_tokens)?;
         if cfg.max_new == 0 {
             return Err(Error::InvalidParameter {
                 name: "max_new",
@@ -959,8 +959,6 @@ impl Model {
                 expected: "at least 1",
             });
         }
-        let mut stops = [0u32; crate::in_kernel::STOPS_MAX];
-        stops[..cfg.stop_tokens.len()].copy_from_slice(&cfg.stop_tokens);
         let vocab = if self.vocab_loaded {
             self.ops.addr_of(self.b.vocab)
         } else {
