@@ -259,10 +259,9 @@ fn run(args: &Args) -> Result<()> {
         event_slots: (args.dispatch == Some(Mode::Event)) as usize,
         ..Default::default()
     };
-    let mut model = Model::open(&dir, &opts)?;
-    // greedy generation runs wholly in the kernel when the step does
     let event = args.dispatch == Some(Mode::Event);
-    if event && !(sampling.is_greedy() && !sampling.has_penalties()) {
+    let greedy = sampling.is_greedy() && !sampling.has_penalties();
+    if event && !greedy {
         return Err(Error::Invalid(
             "--dispatch event generates greedily: drop the sampling options".into(),
         ));
@@ -272,12 +271,11 @@ fn run(args: &Args) -> Result<()> {
             "--dispatch event starts each request from a fresh context: no --load-context or --save-context".into(),
         ));
     }
-    // (not with the screened head, which needs user space after each step)
-    let in_kernel = event
-        || (sampling.is_greedy()
-            && !sampling.has_penalties()
-            && model.dispatch() == Dispatch::Kernel
-            && !model.screened_head());
+    let mut model = Model::open(&dir, &opts)?;
+    // greedy generation runs wholly in the kernel when the step does (not with the screened
+    // head, which needs user space after each step)
+    let in_kernel =
+        event || (greedy && model.dispatch() == Dispatch::Kernel && !model.screened_head());
     if in_kernel {
         if let Some(tok) = &tokenizer {
             model.load_vocabulary(tok)?;
