@@ -24,8 +24,9 @@ pub const BUDGET: Duration = Duration::from_millis(500);
 pub const STOPS_MAX: usize = 8;
 
 /// Times an invocation is retried when its threads did not run at the same time (a barrier
-/// timed out: other work held the CPUs) before the generation fails.
-const RETRIES: u32 = 3;
+/// timed out: other work held the CPUs; the first barrier gives up after 20 ms) before the
+/// generation fails.
+const RETRIES: u32 = 50;
 
 // `status` of `struct gen_args`
 const GEN_MORE: i32 = 1;
@@ -131,7 +132,10 @@ impl<'m> KernelGeneration<'m> {
                     }
                     break;
                 }
-                Err(PlanFailure::TimedOut) if tries < RETRIES => tries += 1,
+                Err(PlanFailure::TimedOut) if tries < RETRIES => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(2));
+                }
                 Err(PlanFailure::TimedOut) => {
                     return Err(Error::Bpf {
                         what: "in-kernel generation".into(),

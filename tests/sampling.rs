@@ -436,7 +436,17 @@ fn generate(model: &mut Model, prompt: &[u32], opts: &GenerateOptions) -> Vec<u3
 #[test]
 fn greedy_generation_is_next_token_in_a_loop() {
     let dir = common::tiny_model("sampling-tiny");
-    let mut m = open(&dir, 64);
+    // One thread: one kernel invocation per token, never a per-operator fallback (which a busy
+    // machine can cause when two threads must meet), so that runs count forward passes.
+    let mut m = Model::open(
+        &dir,
+        &ModelOptions {
+            max_context: 64,
+            threads: 1,
+            ..Default::default()
+        },
+    )
+    .expect("open the tiny model in BPF");
     // The exact head, so that every token costs the same BPF runs (the screened head backs off
     // adaptively and runs a varying number); the token is the same either way (tests/screen.rs).
     m.set_screened_head(false);

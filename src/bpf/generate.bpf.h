@@ -177,7 +177,7 @@ __noinline int gen_run(struct gen_args *a __arg_nonnull)
 		}
 		if (a->run.n_threads > 1) {
 			st->passed++;
-			if (plan_wait(st->passed * a->run.n_threads))
+			if (plan_wait(st->passed * a->run.n_threads, PLAN_BARRIER_NS))
 				return PLAN_E_BARRIER;
 		}
 		/* thread 0's decision: its lane is lane - t */

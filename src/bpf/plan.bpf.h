@@ -28,6 +28,8 @@
 #define PLAN_VAR_TOKEN 0
 #define PLAN_VAR_POS 1
 #define PLAN_BARRIER_NS 2000000000ULL /* the longest a thread waits for the others: 2 s */
+#define PLAN_START_NS 20000000ULL     /* ... at the first barrier, where the others may not have
+				       * reached the kernel yet: 20 ms */
 #define PLAN_E_BARRIER (-1)           /* run_plan: a barrier timed out */
 #define PLAN_E_ARGS (-2)              /* run_plan: bad thread, thread count or plan length */
 
@@ -86,6 +88,9 @@ _Static_assert(sizeof(union plan_args) == PLAN_ARGS_WORDS * 8, "every ctx fits a
 union plan_args plan_buf[PLAN_THREADS_MAX];
 /* Arrivals at the barriers of the current run; user space zeroes it before starting threads. */
 u64 plan_arrivals;
+/* Set by the first thread whose barrier timed out, so that the others give up at once instead
+ * of waiting for it at the next barrier; user space zeroes it before starting threads. */
+u32 plan_abort;
 
 struct run_plan_args {
 	u64 plan;      /* struct plan_slot [n_threads][n_entries] */
@@ -145,8 +150,8 @@ static __always_inline int plan_patch(union plan_args *b, const struct plan_slot
 	return 0;
 }
 
-/* Arrives at a barrier and waits until `target` arrivals are counted; 1 after PLAN_BARRIER_NS. */
-static __noinline int plan_wait(u64 target)
+/* Arrives at a barrier and waits until `target` arrivals are counted; 1 after `ns`. */
+static __noinline int plan_wait(u64 target, u64 ns)
 {
 	u64 t0 = bpf_ktime_get_ns();
 
@@ -154,10 +159,14 @@ static __noinline int plan_wait(u64 target)
 	/* bpf_for runs at most 2^23 iterations (BPF_MAX_LOOPS), hence two loops */
 	FOR(j, 0, 1 << 10) {
 		FOR(i, 0, 1 << 20) {
+			if (*(volatile u32 *)&plan_abort)
+				return 1;
 			if (*(volatile u64 *)&plan_arrivals >= target)
 				return 0;
-			if ((i & 255) == 0 && bpf_ktime_get_ns() - t0 > PLAN_BARRIER_NS)
+			if ((i & 255) == 0 && bpf_ktime_get_ns() - t0 > ns) {
+				plan_abort = 1;
 				return 1;
+			}
 		}
 	}
 	return 1;
@@ -196,7 +205,7 @@ static __noinline int plan_entry(struct run_plan_args *a, u32 i)
 	}
 	if ((flags & PLAN_SYNC) && a->n_threads > 1) {
 		a->passed++;
-		return plan_wait(a->passed * a->n_threads);
+		return plan_wait(a->passed * a->n_threads, PLAN_BARRIER_NS);
 	}
 	return 0;
 }
@@ -212,6 +221,16 @@ __noinline int plan_run(struct run_plan_args *a __arg_nonnull)
 	if (a->n_run > a->n_entries)
 		return PLAN_E_ARGS;
 	a->ret = 0;
+	/* The threads meet once before the first entry of a run. A thread that is not in the
+	 * kernel yet may be queued behind this one on its CPU (which this one, spinning without
+	 * preemption, would never give up), so this wait is short: the run fails fast and user
+	 * space runs the step per operator instead. Past it, every thread runs on a CPU of its own
+	 * and cannot be preempted, so the later barriers only wait for work. */
+	if (a->n_threads > 1 && a->passed == 0) {
+		a->passed = 1;
+		if (plan_wait(a->n_threads, PLAN_START_NS))
+			return PLAN_E_BARRIER;
+	}
 	FOR(i, 0, a->n_run ? a->n_run : a->n_entries) {
 		if (plan_entry(a, i))
 			return PLAN_E_BARRIER;
