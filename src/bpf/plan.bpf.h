@@ -13,10 +13,10 @@
  * Threads: n_threads invocations of run_plan run in parallel on different CPUs, each with its
  * own slots (its rows of a split operator, or a NOP); after every entry marked PLAN_SYNC each
  * one adds 1 to plan_arrivals and waits until all have, so that no operator reads an input
- * before every thread has written its part. A barrier waits at most PLAN_BARRIER_NS: a thread
- * that cannot be scheduled (all CPUs busy in the kernel) makes the run fail with
- * PLAN_E_BARRIER instead of spinning until the soft-lockup watchdog fires; user space then
- * runs the token again on one thread (a token's step rewrites everything it reads). */
+ * before every thread has written its part. The first meeting waits PLAN_START_NS, the others
+ * PLAN_BARRIER_NS; a thread that times out sets plan_abort, so that every waiter gives up, and
+ * the run fails with PLAN_E_BARRIER instead of spinning until the soft-lockup watchdog fires.
+ * User space then runs the token per operator (a token's step rewrites everything it reads). */
 #pragma once
 
 #define PLAN_ARGS_WORDS 20 /* u64 words of a slot's ctx (the largest, attention_i8_args: 18) */
