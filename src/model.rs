@@ -282,6 +282,19 @@ fn kernel_stops(tokens: &[u32]) -> Result<[u32; crate::in_kernel::STOPS_MAX]> {
     Ok(stops)
 }
 
+/// The dispatch a model runs with when `asked` for it: the kernel wherever the store can be
+/// planned ([`Dispatch::Auto`]), per operator otherwise; the kernel for a store that cannot be
+/// planned is an error.
+fn resolve_dispatch(asked: Dispatch, plannable: bool, store: &str) -> Result<Dispatch> {
+    match asked {
+        Dispatch::Kernel if !plannable => Err(Error::Invalid(format!(
+            "dispatch kernel needs every weight resident in the arena; the {store} store moves weights from user space between operators (use per-op)"
+        ))),
+        Dispatch::Auto | Dispatch::Kernel if plannable => Ok(Dispatch::Kernel),
+        _ => Ok(Dispatch::PerOp),
+    }
+}
+
 /// Plan entries the arena holds room for.
 fn plan_capacity(cfg: &Config) -> usize {
     plan::ENTRIES_PER_LAYER * (cfg.num_hidden_layers + 1)
@@ -446,16 +459,7 @@ impl Model {
                 store.name()
             )));
         }
-        let dispatch = match opts.dispatch {
-            Dispatch::Kernel if !plannable => {
-                return Err(Error::Invalid(format!(
-                    "dispatch kernel needs every weight resident in the arena; the {} store moves weights from user space between operators (use per-op)",
-                    store.name()
-                )))
-            }
-            Dispatch::Auto | Dispatch::Kernel if plannable => Dispatch::Kernel,
-            _ => Dispatch::PerOp,
-        };
+        let dispatch = resolve_dispatch(opts.dispatch, plannable, store.name())?;
         let screened = opts.screened_head && store.enable_screen();
         drop(ck);
         let weights = store.arena_bytes().div_ceil(PAGE) * PAGE;
@@ -789,16 +793,7 @@ impl Model {
     /// ([`Dispatch::Auto`] picks the kernel); the kernel needs a store that can be planned.
     #[doc(hidden)]
     pub fn set_dispatch(&mut self, dispatch: Dispatch) -> Result<()> {
-        self.dispatch = match (dispatch, self.plan.is_some()) {
-            (Dispatch::Kernel, false) => {
-                return Err(Error::Invalid(format!(
-                    "dispatch kernel needs a store that can be planned, not {}",
-                    self.store.name()
-                )))
-            }
-            (Dispatch::Auto, true) | (Dispatch::Kernel, true) => Dispatch::Kernel,
-            _ => Dispatch::PerOp,
-        };
+        self.dispatch = resolve_dispatch(dispatch, self.plan.is_some(), self.store.name())?;
         Ok(())
     }
 
