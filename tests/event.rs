@@ -13,6 +13,14 @@ use qwen_bpf::{Backend, Dispatch, Event, FinishReason, Model, ModelOptions, Refu
 
 const MAX_CONTEXT: usize = 48;
 
+/// Held by each test for its whole run: an interface takes one XDP program at a time, and the
+/// bpf(2) counter counts this whole process, so the tests of this file must not overlap.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn open(dir: &std::path::Path, backend: Backend, slots: usize) -> Model {
     Model::open(
         dir,
@@ -41,16 +49,7 @@ fn reference(dir: &std::path::Path, backend: Backend, prompt: &[u32], n: usize) 
         },
     )
     .unwrap();
-    let mut next = 0;
-    for &t in prompt {
-        next = m.next_token(t).unwrap();
-    }
-    let mut out = vec![next];
-    while out.len() < n {
-        next = m.next_token(next).unwrap();
-        out.push(next);
-    }
-    out
+    common::greedy_tokens(&mut m, prompt, n)
 }
 
 /// Sends `payload` from an unbound loopback socket to `port`.
@@ -98,6 +97,7 @@ fn collect(
 
 #[test]
 fn a_datagram_starts_a_generation_in_the_kernel_with_no_bpf_syscall() {
+    let _serial = serial();
     let dir = common::tiny_model("event");
     let prompt = [785, 3974, 13876, 38835, 916];
     let want = reference(&dir, Backend::Q24, &prompt, 12);
@@ -137,6 +137,7 @@ fn a_datagram_starts_a_generation_in_the_kernel_with_no_bpf_syscall() {
 
 #[test]
 fn concurrent_requests_on_two_cpus_keep_their_results_apart() {
+    let _serial = serial();
     let dir = common::tiny_model("event");
     let prompts: [Vec<u32>; 2] = [vec![785, 3974, 13876], vec![9707, 11, 1879, 220]];
     let want: Vec<Vec<u32>> = prompts
@@ -178,6 +179,7 @@ fn concurrent_requests_on_two_cpus_keep_their_results_apart() {
 
 #[test]
 fn a_flood_of_malformed_oversized_and_excess_requests_is_answered_or_counted() {
+    let _serial = serial();
     let dir = common::tiny_model("event");
     let mut m = open(&dir, Backend::Q24, 2);
     let port = 47_003;

@@ -34,20 +34,6 @@ fn open(
     .expect("open the tiny model")
 }
 
-/// Greedy tokens from user space: one per-operator forward pass each.
-fn per_op_tokens(m: &mut Model, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut next = 0;
-    for &t in prompt {
-        next = m.next_token(t).unwrap();
-    }
-    let mut out = vec![next];
-    while out.len() < n {
-        next = m.next_token(next).unwrap();
-        out.push(next);
-    }
-    out
-}
-
 #[test]
 fn in_kernel_generation_equals_the_per_operator_tokens_for_every_store_and_thread_count() {
     let dir = common::tiny_model("in-kernel");
@@ -57,7 +43,7 @@ fn in_kernel_generation_equals_the_per_operator_tokens_for_every_store_and_threa
         (Backend::Int8, KvFormat::Q16),
     ] {
         let mut reference = open(&dir, backend, kv, 1, Dispatch::PerOp);
-        let want = per_op_tokens(&mut reference, &PROMPT, 20);
+        let want = common::greedy_tokens(&mut reference, &PROMPT, 20);
         for threads in [1, 2] {
             let mut m = open(&dir, backend, kv, threads, Dispatch::Kernel);
             let runs = m.bpf_runs();
@@ -95,7 +81,7 @@ fn in_kernel_generation_equals_the_per_operator_tokens_for_every_store_and_threa
 fn stop_tokens_end_generation_in_the_kernel_and_are_not_yielded() {
     let dir = common::tiny_model("in-kernel");
     let mut reference = open(&dir, Backend::Q24, KvFormat::Q16, 1, Dispatch::PerOp);
-    let want = per_op_tokens(&mut reference, &PROMPT, 12);
+    let want = common::greedy_tokens(&mut reference, &PROMPT, 12);
     let stop = want[6];
     let first = want.iter().position(|&t| t == stop).unwrap();
     let mut m = open(&dir, Backend::Q24, KvFormat::Q16, 2, Dispatch::Kernel);
@@ -146,7 +132,7 @@ fn the_kernel_sends_each_tokens_text_and_the_reader_joins_utf8() {
     let tok = Tokenizer::from_model_dir(&dir).unwrap();
     let prompt = tok.encode("Héllo wörld, ünïcode ✓ ").unwrap();
     let mut reference = open(&dir, Backend::Q24, KvFormat::Q16, 1, Dispatch::PerOp);
-    let ids = per_op_tokens(&mut reference, &prompt, 24);
+    let ids = common::greedy_tokens(&mut reference, &prompt, 24);
     let mut m = open(&dir, Backend::Q24, KvFormat::Q16, 2, Dispatch::Kernel);
     m.load_vocabulary(&tok).unwrap();
     let text: String = m

@@ -196,3 +196,18 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) {
     tmp.persist(path)
         .unwrap_or_else(|e| panic!("renaming into {}: {e}", path.display()));
 }
+
+/// Greedy tokens of `m` from its current position: `prompt` fed with `next_token`, then `n`
+/// tokens, each the argmax fed back (the last one is not fed).
+pub fn greedy_tokens(m: &mut qwen_bpf::Model, prompt: &[u32], n: usize) -> Vec<u32> {
+    let mut next = 0;
+    for &t in prompt {
+        next = m.next_token(t).unwrap();
+    }
+    let mut out = vec![next];
+    while out.len() < n {
+        next = m.next_token(next).unwrap();
+        out.push(next);
+    }
+    out
+}
