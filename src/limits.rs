@@ -25,6 +25,8 @@ pub const W8_ROWS_ALIGN: usize = 4;
 pub const NORM_MAX: usize = 16384;
 /// Per-head width of attention, both KV formats. `LIM_HEAD_DIM_MAX`.
 pub const HEAD_DIM_MAX: usize = 512;
+/// Vectors of one batched matvec or quantisation: the largest prefill block. `LIM_BATCH_MAX`.
+pub const BATCH_MAX: usize = 64;
 
 /// An [`Error::Limit`] for dimension `what`.
 fn limit(what: &'static str, value: usize, limit: String) -> Error {

@@ -168,14 +168,15 @@ impl KernelMemory {
     }
 }
 
-/// Arena buffers of the forward pass.
+/// Arena buffers of the forward pass. `block` is the prefill block ([`WeightStore::prefill_block`]
+/// tokens; 1 for the event contexts): a block's tokens go through each operator together.
 #[derive(Debug)]
 struct Buffers {
-    x: Region,        // i64 Q32 [hidden]: the residual stream
-    xn: Region,       // i32 Q16 [hidden]: RMSNorm output
-    qkv: Region,      // i32 Q16 [q_dim + 2 kv_dim]: q, k, v of this position
-    att: Region,      // i32 Q16 [q_dim]: attention output
-    mlp: Region,      // i32 Q16 [intermediate]: silu(gate) * up
+    x: Region,        // i64 Q32 [block][hidden]: the residual stream
+    xn: Region,       // i32 Q16 [block][hidden]: RMSNorm output
+    qkv: Region,      // i32 Q16 [block][q_dim + 2 kv_dim]: q, k, v of each position
+    att: Region,      // i32 Q16 [block][q_dim]: attention output
+    mlp: Region,      // i32 Q16 [block][intermediate]: silu(gate) * up
     logits: Region,   // i32 Q16 [vocab]
     probs: Region,    // u32 Q30 [n_q][max_ctx]: attention scratch
     acc: Region,      // i64 [n_q][head_dim]: attention scratch
@@ -189,6 +190,7 @@ struct Buffers {
     plan: Region,     // plan::Slot [threads][entries]: the recorded step (see crate::plan)
     prompt: Region,   // u32 [max_ctx]: the prompt of in-kernel generation
     vocab: Region, // u32 offsets [vocab + 1], then the bytes: each token's text, for in-kernel generation
+    block: usize,  // tokens the block buffers above hold
 }
 
 /// Bytes of each forward-pass buffer for `cfg` and `max_ctx`: the one list that both sizes the
@@ -215,7 +217,13 @@ struct BufferSizes {
 }
 
 impl BufferSizes {
-    fn new(cfg: &Config, max_ctx: usize, kv: KvFormat, threads: usize) -> BufferSizes {
+    fn new(
+        cfg: &Config,
+        max_ctx: usize,
+        kv: KvFormat,
+        threads: usize,
+        block: usize,
+    ) -> BufferSizes {
         let (hd, nq) = (cfg.head_dim(), cfg.num_attention_heads);
         let (pairs, ksh_layers) = match kv {
             KvFormat::Q16 => (0, 0),
@@ -225,11 +233,11 @@ impl BufferSizes {
             ),
         };
         BufferSizes {
-            x: cfg.hidden_size * 8,
-            xn: cfg.hidden_size * 4,
-            qkv: (cfg.q_dim() + 2 * cfg.kv_dim()) * 4,
-            att: cfg.q_dim() * 4,
-            mlp: cfg.intermediate_size * 4,
+            x: block * cfg.hidden_size * 8,
+            xn: block * cfg.hidden_size * 4,
+            qkv: block * (cfg.q_dim() + 2 * cfg.kv_dim()) * 4,
+            att: block * cfg.q_dim() * 4,
+            mlp: block * cfg.intermediate_size * 4,
             logits: cfg.vocab_size * 4,
             probs: nq * max_ctx * 4,
             acc: nq * hd * 8,
@@ -424,13 +432,14 @@ impl Model {
                 crate::event::SLOTS_MAX
             )));
         }
+        let block = opts.backend.prefill_block();
         let (scratch, kv) =
-            BufferSizes::new(&cfg, opts.max_context, opts.kv, opts.threads).arena_bytes();
+            BufferSizes::new(&cfg, opts.max_context, opts.kv, opts.threads, block).arena_bytes();
         // every event context has buffers and a KV cache of its own
         let (scratch, kv) = (
             scratch
                 + opts.event_slots
-                    * BufferSizes::new(&cfg, opts.max_context, opts.kv, 1)
+                    * BufferSizes::new(&cfg, opts.max_context, opts.kv, 1, 1)
                         .arena_bytes()
                         .0,
             kv * (1 + opts.event_slots),
@@ -476,7 +485,15 @@ impl Model {
         let mut ops = Ops::load_with(memory.total(), opts.event_slots > 0)?;
         ops.set_threads(opts.threads);
         store.upload(&mut ops)?;
-        let mut b = Self::alloc_buffers(&mut ops, &cfg, opts.max_context, opts.kv, opts.threads)?;
+        let block = store.prefill_block();
+        let mut b = Self::alloc_buffers(
+            &mut ops,
+            &cfg,
+            opts.max_context,
+            opts.kv,
+            opts.threads,
+            block,
+        )?;
         if opts.kv == KvFormat::Int8 {
             for l in 0..cfg.num_hidden_layers {
                 let w = ops.arena.slice::<i32>(store.norm(Norm::K(l)))?.to_vec();
@@ -512,7 +529,7 @@ impl Model {
                 m.plan = Some(std::sync::Arc::new(m.record()?));
             }
             for i in 0..opts.event_slots {
-                let b = Self::alloc_buffers(&mut m.ops, &m.cfg, m.max_context, opts.kv, 1)?;
+                let b = Self::alloc_buffers(&mut m.ops, &m.cfg, m.max_context, opts.kv, 1, 1)?;
                 let main = std::mem::replace(&mut m.b, b);
                 m.b.ksh = main.ksh.clone();
                 m.ops.set_threads(1);
@@ -531,7 +548,7 @@ impl Model {
     /// slots to the arena.
     fn record(&mut self) -> Result<Plan> {
         self.ops.start_recording();
-        let emitted = self.emit(0, 0, Head::Logits);
+        let emitted = self.emit(&[0], 0, Head::Logits);
         let entries = self.ops.finish_recording();
         emitted?;
         let plan = Plan::new(entries)?;
@@ -560,9 +577,10 @@ impl Model {
         max_ctx: usize,
         kv: KvFormat,
         threads: usize,
+        block: usize,
     ) -> Result<Buffers> {
         let a = &mut ops.arena;
-        let z = BufferSizes::new(cfg, max_ctx, kv, threads);
+        let z = BufferSizes::new(cfg, max_ctx, kv, threads, block);
         let b = Buffers {
             x: a.alloc(z.x, "x")?,
             xn: a.alloc(z.xn, "xn")?,
@@ -582,6 +600,7 @@ impl Model {
             plan: a.alloc(z.plan, "plan slots")?,
             prompt: a.alloc(z.prompt, "in-kernel prompt")?,
             vocab: a.alloc(z.vocab, "vocabulary text")?,
+            block,
         };
         a.slice_mut::<u32>(b.exp2)?
             .copy_from_slice(&fixed::exp2_table());
@@ -774,13 +793,47 @@ impl Model {
     /// index in `tokens`), and a prompt longer than the remaining context is
     /// [`Error::ContextOverflow`] (at the first position that does not fit). The logits are
     /// borrowed as in [`Model::forward`].
+    ///
+    /// The prompt goes through the model in blocks of [`Model::prefill_block`] tokens: each
+    /// weight matrix is read once per block and multiplied by the block's vectors, attention
+    /// runs position by position inside the block, and only the last token gets the LM head.
+    /// Every token's integers (its KV rows, the last token's logits) are exactly those of
+    /// feeding the tokens one by one with [`Model::forward`].
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
         self.check_prompt(tokens)?;
-        let (&last, head) = tokens.split_last().expect("checked: not empty");
-        for &t in head {
-            self.step(t, Head::Skip)?; // only the last prompt token's logits are wanted
+        let block = self.b.block;
+        let n = tokens.len();
+        let mut fed = 0;
+        while fed < n {
+            let chunk = &tokens[fed..(fed + block).min(n)];
+            fed += chunk.len();
+            // only the last prompt token's logits are wanted
+            let head = if fed == n { Head::Logits } else { Head::Skip };
+            match chunk {
+                [t] => {
+                    self.step(*t, head)?;
+                }
+                _ => {
+                    // checked above: every id is in the vocabulary and the context has room
+                    self.b
+                        .kv
+                        .ensure(&mut self.ops.arena, self.pos + chunk.len());
+                    self.emit(chunk, self.pos, head)?;
+                    self.pos += chunk.len();
+                }
+            }
         }
-        self.forward(last)
+        let q16 = self.ops.arena.slice::<i32>(self.b.logits)?;
+        for (out, &v) in self.logits.iter_mut().zip(q16) {
+            *out = fixed::from_fixed(v, fixed::Q_ACT);
+        }
+        Ok(&self.logits)
+    }
+
+    /// Tokens per prefill block: how many prompt tokens [`Model::prefill`] runs through each
+    /// weight matrix at once (chosen by the weight store).
+    pub fn prefill_block(&self) -> usize {
+        self.b.block
     }
 
     /// How the step runs: [`Dispatch::Kernel`] (one `run_plan` invocation per thread and
@@ -1089,7 +1142,7 @@ impl Model {
     fn step(&mut self, token: u32, head: Head) -> Result<(usize, i32)> {
         self.begin_step(token)?;
         let best = match self.plan.clone() {
-            None => self.emit(token, self.pos, head)?,
+            None => self.emit(&[token], self.pos, head)?,
             Some(plan) => self.run_plan(&plan, token, head)?,
         };
         self.pos += 1;
@@ -1148,10 +1201,14 @@ impl Model {
         Ok(first_best(0, parts.iter().map(|a| fields.read(a))))
     }
 
-    /// The forward pass of `token` at `pos`, one operator after another: the one statement of
-    /// the step. It runs live for stores that cannot be planned and is recorded once at open
-    /// into the plan ([`crate::plan`]) for the others. `head` says what step 10 does.
-    fn emit(&mut self, token: u32, pos: usize, head: Head) -> Result<(usize, i32)> {
+    /// The forward pass of the `tokens` at positions `pos..`, one operator after another: the
+    /// one statement of the step. Decoding feeds one token; prefill feeds a block of up to
+    /// `b.block`, each weight-bearing operator taking the block's vectors at once (the
+    /// per-position operators run token by token), so every token's integers are those of
+    /// feeding it alone. It runs live for stores that cannot be planned and for blocks, and is
+    /// recorded once at open into the plan ([`crate::plan`]) for one token. `head` says what
+    /// step 10 does, for the last token.
+    fn emit(&mut self, tokens: &[u32], pos: usize, head: Head) -> Result<(usize, i32)> {
         let c = &self.cfg;
         let (h, hd, eps) = (c.hidden_size, c.head_dim(), self.eps_q64);
         let (nq, nkv, qd, kvd) = (
@@ -1161,9 +1218,14 @@ impl Model {
             c.kv_dim(),
         );
         let (ops, store, b) = (&mut self.ops, &mut self.store, &self.b);
-        let q = b.qkv.sub(0, qd * 4)?; // [n_q][hd]
-        let k = b.qkv.sub(qd * 4, kvd * 4)?; // [n_kv][hd]
-        let v = b.qkv.sub((qd + kvd) * 4, kvd * 4)?; // [n_kv][hd]
+        let n = tokens.len();
+        if n == 0 || n > b.block {
+            return Err(Error::Invalid(format!(
+                "a block of {n} tokens (1..={})",
+                b.block
+            )));
+        }
+        let qkv_row = (qd + 2 * kvd) * 4;
         let shape = AttnShape {
             n_q: nq,
             n_kv: nkv,
@@ -1171,12 +1233,14 @@ impl Model {
             max_ctx: self.max_context,
         };
 
-        // 0. x = embed_tokens[token]                                   x [hidden]
-        store.embed(ops, token, b.x)?;
+        // 0. x = embed_tokens[token], for each token                x [n][hidden]
+        for (t, &token) in tokens.iter().enumerate() {
+            store.embed(ops, token, b.x.sub(t * h * 8, h * 8)?)?;
+        }
         for l in 0..c.num_hidden_layers {
-            // 1. xn = RMSNorm(x; input_layernorm)                      xn [hidden]
-            ops.rmsnorm(b.x, true, store.norm(Norm::Input(l)), b.xn, h, 1, eps)?;
-            // 2. q, k, v = q_proj·xn, k_proj·xn, v_proj·xn (one matrix) qkv [q_dim + 2 kv_dim]
+            // 1. xn = RMSNorm(x; input_layernorm)                      xn [n][hidden]
+            ops.rmsnorm(b.x, true, store.norm(Norm::Input(l)), b.xn, h, n, eps)?;
+            // 2. q, k, v = q_proj·xn, k_proj·xn, v_proj·xn (one matrix) qkv [n][q_dim + 2 kv_dim]
             store.matvec(
                 ops,
                 Linear::Qkv(l),
@@ -1184,77 +1248,86 @@ impl Model {
                 b.qkv,
                 0..linear_rows(c, Linear::Qkv(l)),
                 false,
+                n,
             )?;
-            // 3. per-head q_norm / k_norm, then RoPE at pos            q [n_q][hd], k [n_kv][hd]
-            ops.qk_norm_rope(
-                q,
-                k,
-                store.norm(Norm::Q(l)),
-                store.norm(Norm::K(l)),
-                b.cos, // [max_ctx][hd/2], the row at pos
-                b.sin,
-                pos,
-                nq,
-                nkv,
-                hd,
-                eps,
-            )?;
-            // 4. append k, v to the cache; causal GQA attention        att [q_dim]
-            let kv = &b.kv.layers[l];
-            match b.kv.format {
-                KvFormat::Q16 => {
-                    let ab = AttentionBuffers {
-                        q,
-                        k,
-                        v,
-                        k_cache: kv[0],
-                        v_cache: kv[1],
-                        probs: b.probs,
-                        acc: b.acc,
-                        out: b.att,
-                        exp2: b.exp2,
-                    };
-                    ops.attention(&ab, pos, shape, self.scale_q22)?;
-                }
-                KvFormat::Int8 => {
-                    let ab = AttentionI8Buffers {
-                        q,
-                        k,
-                        v,
-                        k_codes: kv[0],
-                        k_steps: kv[1],
-                        v_codes: kv[2],
-                        v_steps: kv[3],
-                        probs: b.probs,
-                        wv: b.wv,
-                        qq: b.qq,
-                        acc: b.acc,
-                        out: b.att,
-                        exp2: b.exp2,
-                        ksh: b.ksh[l],
-                    };
-                    ops.attention_i8(&ab, pos, shape, self.scale_q22)?;
+            for t in 0..n {
+                let (pos, qkv) = (pos + t, b.qkv.sub(t * qkv_row, qkv_row)?);
+                let q = qkv.sub(0, qd * 4)?; // [n_q][hd]
+                let k = qkv.sub(qd * 4, kvd * 4)?; // [n_kv][hd]
+                let v = qkv.sub((qd + kvd) * 4, kvd * 4)?; // [n_kv][hd]
+                let att = b.att.sub(t * qd * 4, qd * 4)?; // [q_dim]
+                                                          // 3. per-head q_norm / k_norm, then RoPE at pos        q [n_q][hd], k [n_kv][hd]
+                ops.qk_norm_rope(
+                    q,
+                    k,
+                    store.norm(Norm::Q(l)),
+                    store.norm(Norm::K(l)),
+                    b.cos, // [max_ctx][hd/2], the row at pos
+                    b.sin,
+                    pos,
+                    nq,
+                    nkv,
+                    hd,
+                    eps,
+                )?;
+                // 4. append k, v to the cache; causal GQA attention    att [q_dim]
+                let kv = &b.kv.layers[l];
+                match b.kv.format {
+                    KvFormat::Q16 => {
+                        let ab = AttentionBuffers {
+                            q,
+                            k,
+                            v,
+                            k_cache: kv[0],
+                            v_cache: kv[1],
+                            probs: b.probs,
+                            acc: b.acc,
+                            out: att,
+                            exp2: b.exp2,
+                        };
+                        ops.attention(&ab, pos, shape, self.scale_q22)?;
+                    }
+                    KvFormat::Int8 => {
+                        let ab = AttentionI8Buffers {
+                            q,
+                            k,
+                            v,
+                            k_codes: kv[0],
+                            k_steps: kv[1],
+                            v_codes: kv[2],
+                            v_steps: kv[3],
+                            probs: b.probs,
+                            wv: b.wv,
+                            qq: b.qq,
+                            acc: b.acc,
+                            out: att,
+                            exp2: b.exp2,
+                            ksh: b.ksh[l],
+                        };
+                        ops.attention_i8(&ab, pos, shape, self.scale_q22)?;
+                    }
                 }
             }
-            // 5. x += o_proj · att                                     x [hidden]
-            store.matvec(ops, Linear::O(l), b.att, b.x, 0..h, true)?;
-            // 6. xn = RMSNorm(x; post_attention_layernorm)             xn [hidden]
+            // 5. x += o_proj · att                                     x [n][hidden]
+            store.matvec(ops, Linear::O(l), b.att, b.x, 0..h, true, n)?;
+            // 6. xn = RMSNorm(x; post_attention_layernorm)             xn [n][hidden]
             ops.rmsnorm(
                 b.x,
                 true,
                 store.norm(Norm::PostAttention(l)),
                 b.xn,
                 h,
-                1,
+                n,
                 eps,
             )?;
-            // 7. mlp = silu(gate_proj · xn) * (up_proj · xn)           mlp [intermediate]
-            store.gate_up_swiglu(ops, l, b.xn, b.mlp, b.exp2, 0..c.intermediate_size)?;
-            // 8. x += down_proj · mlp                                  x [hidden]
-            store.matvec(ops, Linear::Down(l), b.mlp, b.x, 0..h, true)?;
+            // 7. mlp = silu(gate_proj · xn) * (up_proj · xn)           mlp [n][intermediate]
+            store.gate_up_swiglu(ops, l, b.xn, b.mlp, b.exp2, 0..c.intermediate_size, n)?;
+            // 8. x += down_proj · mlp                                  x [n][hidden]
+            store.matvec(ops, Linear::Down(l), b.mlp, b.x, 0..h, true, n)?;
         }
-        // 9. xn = RMSNorm(x; model.norm)                               xn [hidden]
-        ops.rmsnorm(b.x, true, store.norm(Norm::Final), b.xn, h, 1, eps)?;
+        // 9. xn = RMSNorm(x; model.norm), of the last token only       xn [hidden]
+        let last = b.x.sub((n - 1) * h * 8, h * 8)?;
+        ops.rmsnorm(last, true, store.norm(Norm::Final), b.xn, h, 1, eps)?;
         // 10. logits = lm_head · xn, and their argmax                  logits [vocab]
         match head {
             Head::Logits => store.lm_head(ops, b.xn, Some(b.logits), 0..c.vocab_size),

@@ -204,43 +204,55 @@ fn q24_cols_ok(k: usize) -> bool {
     k != 0 && k % Q24_COLS_ALIGN == 0 && k <= COLS_MAX
 }
 
+/// Whether a batched operator takes `nb` vectors (`batch_ok`).
+fn batch_ok(nb: u32) -> bool {
+    nb != 0 && nb as usize <= crate::limits::BATCH_MAX
+}
+
 /// `y[r] = W[r]·x` (y i32 Q16) or `y[r] += W[r]·x` (accumulate: y the i64 Q32 residual) for r in
-/// `row0..row0 + nrows`; w i32 Q24 `[nrows][k]` (rows row0..), x i32 Q16 `[k]`.
+/// `row0..row0 + nrows`; w i32 Q24 `[nrows][k]` (rows row0..), x i32 Q16 `[k]`; for each of the
+/// nb vectors (x `[nb][k]`, y's `ystride` bytes apart).
 fn matvec(arena: &mut Arena, c: &mut matvec_args) -> Result<bool> {
     let (k, r0, n) = (c.k as usize, c.row0 as usize, c.nrows as usize);
-    if !q24_cols_ok(k) {
+    if !q24_cols_ok(k) || !batch_ok(c.nb) {
         return Ok(false);
     }
-    let (w, x) = (read(arena, c.w, n * k)?, read(arena, c.x, k)?);
-    if c.accumulate != 0 {
-        let mut y = read::<i64>(arena, c.y + off(r0, 8), n)?.to_vec();
-        fixed::matvec_residual(w, x, 0..n, &mut y);
-        write(arena, c.y + off(r0, 8), &y)?;
-    } else if c.y != 0 {
-        let mut y = vec![0i32; n];
-        fixed::matvec(w, x, 0..n, &mut y);
-        write(arena, c.y + off(r0, 4), &y)?;
+    for b in 0..c.nb as u64 {
+        let (xa, ya) = (c.x + b * k as u64 * 4, c.y + b * c.ystride);
+        let (w, x) = (read(arena, c.w, n * k)?, read(arena, xa, k)?);
+        if c.accumulate != 0 {
+            let mut y = read::<i64>(arena, ya + off(r0, 8), n)?.to_vec();
+            fixed::matvec_residual(w, x, 0..n, &mut y);
+            write(arena, ya + off(r0, 8), &y)?;
+        } else if c.y != 0 {
+            let mut y = vec![0i32; n];
+            fixed::matvec(w, x, 0..n, &mut y);
+            write(arena, ya + off(r0, 4), &y)?;
+        }
     }
     Ok(true)
 }
 
 /// `y[r] = silu(gate[r]·x) * (up[r]·x)` for r in `row0..row0 + nrows`: gate, up i32 Q24
-/// `[nrows][k]` (rows row0..), x i32 Q16 `[k]`, y i32 Q16 `[rows]`.
+/// `[nrows][k]` (rows row0..), x i32 Q16 `[k]`, y i32 Q16 `[rows]`; for each of the nb vectors
+/// (x `[nb][k]`, y's `ystride` bytes apart).
 fn gate_up_swiglu(arena: &mut Arena, c: &mut gate_up_args) -> Result<bool> {
     let (k, r0, n) = (c.k as usize, c.row0 as usize, c.nrows as usize);
-    if !q24_cols_ok(k) {
+    if !q24_cols_ok(k) || !batch_ok(c.nb) {
         return Ok(false);
     }
-    let mut y = vec![0i32; n];
-    fixed::gate_up_swiglu(
-        read(arena, c.gate, n * k)?,
-        read(arena, c.up, n * k)?,
-        read(arena, c.x, k)?,
-        0..n,
-        exp2_table(arena, c.exp2)?,
-        &mut y,
-    );
-    write(arena, c.y + off(r0, 4), &y)?;
+    for b in 0..c.nb as u64 {
+        let mut y = vec![0i32; n];
+        fixed::gate_up_swiglu(
+            read(arena, c.gate, n * k)?,
+            read(arena, c.up, n * k)?,
+            read(arena, c.x + b * k as u64 * 4, k)?,
+            0..n,
+            exp2_table(arena, c.exp2)?,
+            &mut y,
+        );
+        write(arena, c.y + b * c.ystride + off(r0, 4), &y)?;
+    }
     Ok(true)
 }
 
@@ -391,16 +403,18 @@ fn attention_i8(arena: &mut Arena, c: &mut attention_i8_args) -> Result<bool> {
 /// then `{sum, shift}` `[k/32]`.
 fn quantize_x(arena: &mut Arena, c: &mut quantize_x_args, f: Format) -> Result<bool> {
     let k = c.k as usize;
-    if k == 0 || k % SWAR_COLS_ALIGN != 0 || k > COLS_MAX {
+    if k == 0 || k % SWAR_COLS_ALIGN != 0 || k > COLS_MAX || !batch_ok(c.nb) {
         return Ok(false);
     }
-    let x = read::<i32>(arena, c.x, k)?;
-    let xq = if f == swar::W4A8 {
-        swar::quantize_x8(x)
-    } else {
-        swar::quantize_x16(x)
-    };
-    write(arena, c.xq, &xq.to_words())?;
+    for b in 0..c.nb as u64 {
+        let x = read::<i32>(arena, c.x + b * k as u64 * 4, k)?;
+        let xq = if f == swar::W4A8 {
+            swar::quantize_x8(x)
+        } else {
+            swar::quantize_x16(x)
+        };
+        write(arena, c.xq + b * QuantX::bytes(k) as u64, &xq.to_words())?;
+    }
     Ok(true)
 }
 
@@ -445,7 +459,7 @@ fn swar_mv<M: PackedMatrix>(arena: &mut Arena, c: &mut swar_mv_args, argmax: boo
     if k == 0 || k % SWAR_COLS_ALIGN != 0 || k > COLS_MAX || r0 % rpb != 0 || n % rpb != 0 {
         return Ok(false);
     }
-    if !argmax && c.y == 0 {
+    if !argmax && c.y == 0 || !batch_ok(c.nb) || argmax && c.nb != 1 {
         return Ok(false);
     }
     // a row block is k/2 words (rpb rows of k codes of f.bits bits) and rpb * k/32 scales
@@ -458,8 +472,34 @@ fn swar_mv<M: PackedMatrix>(arena: &mut Arena, c: &mut swar_mv_args, argmax: boo
         scales: read(arena, c.s + off(b0 * bs, 4), nb * bs)?,
         format: PhantomData,
     };
+    if !argmax {
+        // each vector in turn, as the kernel does (the outputs are written once m's borrow of
+        // the arena ends; no vector's output is another's input)
+        let (mut res, mut out) = (Vec::new(), Vec::new());
+        for b in 0..c.nb as u64 {
+            let xa = c.xq + b * QuantX::bytes(k) as u64;
+            let ya = c.y + b * c.ystride;
+            let xq = QuantX::from_words(read(arena, xa, QuantX::bytes(k) / 8)?, k, f.act_max);
+            if c.accumulate != 0 {
+                let mut y = read::<i64>(arena, ya + off(r0, 8), n)?.to_vec();
+                swar::matvec_quantized_residual(&m, &xq, 0..n, &mut y);
+                res.push((ya + off(r0, 8), y));
+            } else {
+                let mut y = vec![0i32; n];
+                swar::matvec_quantized(&m, &xq, 0..n, &mut y);
+                out.push((ya + off(r0, 4), y));
+            }
+        }
+        for (a, y) in res {
+            write(arena, a, &y)?;
+        }
+        for (a, y) in out {
+            write(arena, a, &y)?;
+        }
+        return Ok(true);
+    }
     let xq = QuantX::from_words(read(arena, c.xq, QuantX::bytes(k) / 8)?, k, f.act_max);
-    if argmax {
+    {
         let mut y = vec![0i32; n];
         let logits = (c.y != 0).then_some(&mut y[..]);
         let (best, val) = swar::lm_head_argmax_quantized(&m, &xq, 0..n, logits);
@@ -467,14 +507,6 @@ fn swar_mv<M: PackedMatrix>(arena: &mut Arena, c: &mut swar_mv_args, argmax: boo
         if c.y != 0 {
             write(arena, c.y + off(r0, 4), &y)?;
         }
-    } else if c.accumulate != 0 {
-        let mut y = read::<i64>(arena, c.y + off(r0, 8), n)?.to_vec();
-        swar::matvec_quantized_residual(&m, &xq, 0..n, &mut y);
-        write(arena, c.y + off(r0, 8), &y)?;
-    } else {
-        let mut y = vec![0i32; n];
-        swar::matvec_quantized(&m, &xq, 0..n, &mut y);
-        write(arena, c.y + off(r0, 4), &y)?;
     }
     Ok(true)
 }

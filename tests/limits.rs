@@ -26,6 +26,7 @@ fn limits_agree_between_limits_h_and_limits_rs() {
             f.w8_rows_align as usize,
             f.norm_max as usize,
             f.head_dim_max as usize,
+            f.batch_max as usize,
         ),
         (
             limits::COLS_MAX,
@@ -35,6 +36,7 @@ fn limits_agree_between_limits_h_and_limits_rs() {
             limits::W8_ROWS_ALIGN,
             limits::NORM_MAX,
             limits::HEAD_DIM_MAX,
+            limits::BATCH_MAX,
         ),
         "src/bpf/limits.h vs src/limits.rs"
     );

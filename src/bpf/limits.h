@@ -12,3 +12,4 @@
 #define LIM_W8_ROWS_ALIGN 4  /* W8A16: rows in blocks of 4 (the LM head of both int stores) */
 #define LIM_NORM_MAX 16384   /* RMSNorm vector length (packed in 15 bits of rmsnorm_vec's nqw) */
 #define LIM_HEAD_DIM_MAX 512 /* attention's per-head loops and the int8 KV lane algebra */
+#define LIM_BATCH_MAX 64     /* vectors of one batched matvec or quantisation (a prefill block) */

@@ -23,7 +23,7 @@ struct formats_args {
 	s64 log2e_q30, act_max, res_max;
 	/* limits.h */
 	u32 cols_max, q24_cols_align, swar_cols_align, w4_rows_align, w8_rows_align, norm_max;
-	u32 head_dim_max, pad2;
+	u32 head_dim_max, batch_max;
 };
 
 /* Reports fixed.h's and limits.h's constants, so that a test can compare them with src/fixed.rs
@@ -50,6 +50,7 @@ int formats(struct formats_args *a)
 	a->w8_rows_align = LIM_W8_ROWS_ALIGN;
 	a->norm_max = LIM_NORM_MAX;
 	a->head_dim_max = LIM_HEAD_DIM_MAX;
+	a->batch_max = LIM_BATCH_MAX;
 	return 0;
 }
 
@@ -223,11 +224,15 @@ OP(qk_norm_rope, struct qk_norm_rope_args)
 
 struct matvec_args {
 	u64 w;        /* s32 Q24 [nrows][k]: the rows row0.. of the matrix (a resident matrix or a window) */
-	u64 x;        /* s32 Q16 [k] */
-	u64 y;        /* out: s32 Q16 [rows], or the s64 Q32 residual stream when accumulating */
+	u64 x;        /* s32 Q16 [nb][k] */
+	u64 y;        /* out: s32 Q16 [rows], or the s64 Q32 residual stream when accumulating; vector
+		       * b at y + b * ystride */
 	u32 k;        /* columns, a multiple of 8, <= 16384 */
 	u32 row0, nrows;
 	u32 accumulate; /* 1: y (s64 Q32) += W x, the residual add, saturating; 0: y (s32 Q16) = W x */
+	u32 nb;       /* vectors, 1..LIM_BATCH_MAX: a prefill block times each row while it is cached */
+	u32 pad;
+	u64 ystride;  /* bytes between the vectors of y */
 };
 
 /* Whether the Q24 row programs take k columns: the dot products below stop at LIM_COLS_MAX, so a
@@ -259,10 +264,16 @@ __noinline s64 dot_q24(u64 wa, u64 xa, u32 k)
  * unknown, where an open-coded iterator around the long column loop would be re-verified until
  * its state converged. */
 struct row_ctx {
-	u64 w, w2, x, y, tab, stride;
-	u32 k, row0, nrows, flag, best;
+	u64 w, w2, x, y, tab, stride, ystride;
+	u32 k, row0, nrows, flag, best, nb;
 	s64 best_val;
 };
+
+/* Whether a batched operator takes nb vectors. */
+static __always_inline int batch_ok(u32 nb)
+{
+	return nb != 0 && nb <= LIM_BATCH_MAX;
+}
 
 #define ROWS_STORE 0   /* y (s32 Q16) = W x */
 #define ROWS_RESIDUAL 1 /* y (the s64 Q32 residual stream) += W x, saturating */
@@ -319,32 +330,38 @@ __noinline s64 row1_q24(u64 wa, u64 xa, u64 ya, u64 k_mode)
 	return finish_q24(dot_q24(wa, xa, (u32)k_mode), ya, (u32)(k_mode >> 32), 0);
 }
 
-/* Rows 2i, 2i + 1 of the range (the last one alone when the count is odd). */
+/* Rows 2i, 2i + 1 of the range (the last one alone when the count is odd), times each of the nb
+ * vectors in turn: the rows stay in the L1 cache, so that a block of vectors reads them from
+ * memory once. The LM head (ROWS_LOGITS) runs with nb = 1. */
 static long rows_pair(u64 i, struct row_ctx *c)
 {
-	u32 r = c->row0 + 2 * (u32)i;
+	u32 r = c->row0 + 2 * (u32)i, two = r + 1 < c->row0 + c->nrows;
 	u64 ysz = c->flag == ROWS_RESIDUAL ? 8 : 4;
-	u64 ya = c->y ? c->y + (u64)r * ysz : 0;
 	u64 wa = c->w + 2 * i * c->stride, k_mode = c->k | (u64)c->flag << 32;
-	s64 p = r + 1 < c->row0 + c->nrows ? rows2_q24(wa, c->x, ya, k_mode) : row1_q24(wa, c->x, ya, k_mode);
 
-	if (c->flag == ROWS_LOGITS && (p >> 1) > c->best_val) {
-		c->best_val = p >> 1;
-		c->best = r + 1 - (u32)(p & 1);
+	for (u32 b = 0; b < c->nb && can_loop; b++) { /* nb <= LIM_BATCH_MAX */
+		u64 xa = c->x + (u64)b * c->k * 4;
+		u64 ya = c->y ? c->y + b * c->ystride + (u64)r * ysz : 0;
+		s64 p = two ? rows2_q24(wa, xa, ya, k_mode) : row1_q24(wa, xa, ya, k_mode);
+
+		if (c->flag == ROWS_LOGITS && (p >> 1) > c->best_val) {
+			c->best_val = p >> 1;
+			c->best = r + 1 - (u32)(p & 1);
+		}
 	}
 	return 0;
 }
 
-/* y[r] = W[r] . x, or y[r] += W[r] . x into the residual stream, for r in [row0, row0 + nrows),
- * two rows per step. */
+/* y_b[r] = W[r] . x_b, or y_b[r] += W[r] . x_b into the residual stream, for r in
+ * [row0, row0 + nrows) and each of the nb vectors b, two rows per step. */
 OP(matvec, struct matvec_args)
 {
 	struct row_ctx c = { .w = a->w, .x = a->x, .y = a->y, .stride = (u64)a->k * 4, .k = a->k,
-			     .row0 = a->row0, .nrows = a->nrows,
+			     .row0 = a->row0, .nrows = a->nrows, .nb = a->nb, .ystride = a->ystride,
 			     .flag = a->accumulate ? ROWS_RESIDUAL : ROWS_STORE };
 
 	USE_ARENA(arena);
-	if (!q24_cols_ok(a->k))
+	if (!q24_cols_ok(a->k) || !batch_ok(a->nb))
 		return 1;
 	return (int)bpf_loop((a->nrows + 1) / 2, rows_pair, &c, 0) < 0;
 }
@@ -352,31 +369,40 @@ OP(matvec, struct matvec_args)
 struct gate_up_args {
 	u64 gate;     /* s32 Q24 [nrows][k]: rows row0.. of mlp.gate_proj */
 	u64 up;       /* s32 Q24 [nrows][k]: rows row0.. of mlp.up_proj */
-	u64 x;        /* s32 Q16 [k] */
-	u64 y;        /* s32 Q16 [rows], out: silu(gate x) * (up x) */
+	u64 x;        /* s32 Q16 [nb][k] */
+	u64 y;        /* s32 Q16 [rows], out: silu(gate x) * (up x); vector b at y + b * ystride */
 	u64 exp2;     /* u32 Q30 [257] */
-	u32 k, row0, nrows, pad;
+	u32 k, row0, nrows;
+	u32 nb;       /* vectors, 1..LIM_BATCH_MAX */
+	u64 ystride;  /* bytes between the vectors of y */
 };
 
+/* Row i of both projections times each of the nb vectors (the rows stay cached, as rows_pair). */
 static long gate_up_row(u64 i, struct row_ctx *c)
 {
 	u32 r = c->row0 + (u32)i;
-	s32 __arena *y = ARENA_PTR(s32, c->y + (u64)r * 4);
-	s32 g = sat32(rshr(dot_q24(c->w + i * c->stride, c->x, c->k), Q_W));
-	s32 u = sat32(rshr(dot_q24(c->w2 + i * c->stride, c->x, c->k), Q_W));
 
-	*y = swiglu(g, u, ARENA_PTR(const u32, c->tab));
+	for (u32 b = 0; b < c->nb && can_loop; b++) { /* nb <= LIM_BATCH_MAX */
+		u64 xa = c->x + (u64)b * c->k * 4;
+		s32 __arena *y = ARENA_PTR(s32, c->y + b * c->ystride + (u64)r * 4);
+		s32 g = sat32(rshr(dot_q24(c->w + i * c->stride, xa, c->k), Q_W));
+		s32 u = sat32(rshr(dot_q24(c->w2 + i * c->stride, xa, c->k), Q_W));
+
+		*y = swiglu(g, u, ARENA_PTR(const u32, c->tab));
+	}
 	return 0;
 }
 
-/* The SwiGLU half of the MLP, fused: both projections of a row, then silu(g) * u. */
+/* The SwiGLU half of the MLP, fused: both projections of a row, then silu(g) * u, for each of
+ * the nb vectors. */
 OP(gate_up_swiglu, struct gate_up_args)
 {
 	struct row_ctx c = { .w = a->gate, .w2 = a->up, .x = a->x, .y = a->y, .tab = a->exp2,
-			     .stride = (u64)a->k * 4, .k = a->k, .row0 = a->row0 };
+			     .stride = (u64)a->k * 4, .k = a->k, .row0 = a->row0, .nb = a->nb,
+			     .ystride = a->ystride };
 
 	USE_ARENA(arena);
-	if (!q24_cols_ok(a->k))
+	if (!q24_cols_ok(a->k) || !batch_ok(a->nb))
 		return 1;
 	return (int)bpf_loop(a->nrows, gate_up_row, &c, 0) < 0;
 }
@@ -418,7 +444,7 @@ struct lm_head_args {
 OP(lm_head_argmax, struct lm_head_args)
 {
 	struct row_ctx c = { .w = a->w, .x = a->x, .y = a->y, .stride = (u64)a->k * 4, .k = a->k,
-			     .row0 = a->row0, .nrows = a->nrows, .flag = ROWS_LOGITS,
+			     .row0 = a->row0, .nrows = a->nrows, .flag = ROWS_LOGITS, .nb = 1,
 			     .best = a->row0, .best_val = -ACT_MAX - 1 };
 	long ret;
 

@@ -97,11 +97,15 @@ struct swar_xblock {
 /* ------------------------------------------------------------------ activation quantisation */
 
 struct quantize_x_args {
-	u64 x;   /* s32 Q16 [k] */
-	u64 xq;  /* out: s64 xq [k] in -qmax..qmax, then struct swar_xblock [k/32] */
+	u64 x;   /* s32 Q16 [nb][k] */
+	u64 xq;  /* out, per vector (SW_XQ_BYTES(k) each): s64 xq [k] in -qmax..qmax, then
+		  * struct swar_xblock [k/32] */
 	u32 k;   /* a multiple of 32, <= 16384 */
-	u32 pad;
+	u32 nb;  /* vectors, 1..LIM_BATCH_MAX */
 };
+
+/* Bytes of one vector's quantised activations (QuantX::bytes in src/swar.rs). */
+#define SW_XQ_BYTES(k) ((u64)(k) * 8 + (u64)(k) / SW_GROUP * 16)
 
 /* One block of 32: e is the least shift with round(max|x| / 2^e) <= qmax, so every code is at
  * most qmax; xq = round(|x| / 2^e) with x's sign, as (|x| + (2^e >> 1)) >> e (half up).
@@ -140,14 +144,18 @@ __noinline int quantize_block(u64 xa, u64 qa, u64 ba, u32 qmax)
 
 static __always_inline int quantize_x(struct quantize_x_args *a, u32 qmax)
 {
-	u64 x = a->x, xq = a->xq, blk = a->xq + (u64)a->k * 8;
-	u32 k = a->k;
+	u32 k = a->k, nb = a->nb;
 
 	USE_ARENA(arena);
-	if (k == 0 || k % SW_GROUP || k > SW_KMAX)
+	if (k == 0 || k % SW_GROUP || k > SW_KMAX || nb == 0 || nb > LIM_BATCH_MAX)
 		return 1;
-	FOR(g, 0, k / SW_GROUP)
-		quantize_block(x + g * SW_GROUP * 4, xq + g * SW_GROUP * 8, blk + g * 16, qmax);
+	FOR(v, 0, nb) {
+		u64 x = a->x + (u64)v * k * 4, xq = a->xq + v * SW_XQ_BYTES(k);
+		u64 blk = xq + (u64)k * 8;
+
+		FOR(g, 0, k / SW_GROUP)
+			quantize_block(x + g * SW_GROUP * 4, xq + g * SW_GROUP * 8, blk + g * 16, qmax);
+	}
 	return 0;
 }
 
@@ -175,8 +183,9 @@ struct swar_mv_args {
 	u32 accumulate;  /* matvec: 1 = y (the s64 Q32 residual stream) += W x, saturating;
 			  * 0 = y (s32 Q16) = W x */
 	u32 best;    /* LM head out: argmax row (first on ties) */
-	u32 pad;
+	u32 nb;      /* vectors, 1..LIM_BATCH_MAX (the LM head: 1): x b at xq + b * SW_XQ_BYTES(k) */
 	s64 best_val; /* LM head out: its logit, Q16 */
+	u64 ystride; /* bytes between the vectors of y */
 };
 
 /* Digit l of a decoded group word with `lanes` lanes of `bits` bits (see the algebra above):
@@ -282,7 +291,8 @@ struct swar_ctx {
 	u64 w, s, xq, y;
 	u64 wstride, sstride; /* bytes of words and of scales per row block */
 	u64 ysize;            /* bytes per y element: 8 for the residual stream, else 4 */
-	u32 k, block0, mode, best;
+	u64 xqstride, ystride; /* bytes between the vectors of xq and of y */
+	u32 k, block0, mode, best, nb, pad;
 	s64 best_val;
 };
 
@@ -297,25 +307,37 @@ static __always_inline void keep_best(struct swar_ctx *c, s64 packed, u32 rows_p
 	}
 }
 
+/* Row block i times each of the nb vectors in turn: the block's words and scales stay in the L1
+ * cache, so that a prefill block reads them from memory once. */
 static long w4a8_block(u64 i, struct swar_ctx *c)
 {
 	u64 blk = c->block0 + i;
-	s64 p = w4a8_rows8(c->w + blk * c->wstride, c->s + blk * c->sstride, c->xq,
-			   c->y ? c->y + blk * 8 * c->ysize : 0, c->k | (u64)c->mode << 32);
 
-	if (c->mode == SW_MODE_ARGMAX)
-		keep_best(c, p, 8, blk);
+	for (u32 b = 0; b < c->nb && can_loop; b++) { /* nb <= LIM_BATCH_MAX */
+		s64 p = w4a8_rows8(c->w + blk * c->wstride, c->s + blk * c->sstride,
+				   c->xq + b * c->xqstride,
+				   c->y ? c->y + b * c->ystride + blk * 8 * c->ysize : 0,
+				   c->k | (u64)c->mode << 32);
+
+		if (c->mode == SW_MODE_ARGMAX)
+			keep_best(c, p, 8, blk);
+	}
 	return 0;
 }
 
 static long w8a16_block(u64 i, struct swar_ctx *c)
 {
 	u64 blk = c->block0 + i;
-	s64 p = w8a16_rows4(c->w + blk * c->wstride, c->s + blk * c->sstride, c->xq,
-			    c->y ? c->y + blk * 4 * c->ysize : 0, c->k | (u64)c->mode << 32);
 
-	if (c->mode == SW_MODE_ARGMAX)
-		keep_best(c, p, 4, blk);
+	for (u32 b = 0; b < c->nb && can_loop; b++) { /* nb <= LIM_BATCH_MAX */
+		s64 p = w8a16_rows4(c->w + blk * c->wstride, c->s + blk * c->sstride,
+				    c->xq + b * c->xqstride,
+				    c->y ? c->y + b * c->ystride + blk * 4 * c->ysize : 0,
+				    c->k | (u64)c->mode << 32);
+
+		if (c->mode == SW_MODE_ARGMAX)
+			keep_best(c, p, 4, blk);
+	}
 	return 0;
 }
 
@@ -331,11 +353,14 @@ static __always_inline int swar_run(struct swar_mv_args *a, u32 rpb, int w8, int
 		.k = k, .block0 = row0 / rpb, .best = row0, .best_val = -ACT_MAX - 1,
 		.mode = argmax ? SW_MODE_ARGMAX : (a->accumulate ? SW_MODE_ACCUMULATE : SW_MODE_STORE),
 		.ysize = !argmax && a->accumulate ? 8 : 4,
+		.nb = a->nb, .xqstride = SW_XQ_BYTES(k), .ystride = a->ystride,
 	};
 	long ret;
 
 	USE_ARENA(arena);
 	if (k == 0 || k % SW_GROUP || k > SW_KMAX || row0 % rpb || nrows % rpb)
+		return 1;
+	if (a->nb == 0 || a->nb > LIM_BATCH_MAX || (argmax && a->nb != 1))
 		return 1;
 	if (!argmax && !c.y)
 		return 1;

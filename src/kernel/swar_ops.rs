@@ -4,7 +4,7 @@
 //! twins of these programs.
 
 use super::arena::Region;
-use super::ops::{first_best, Ops, Rows};
+use super::ops::{first_best, Batch, Ops, Rows};
 use crate::swar::{
     Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, K_MAX, W4A8, W8A16,
 };
@@ -80,13 +80,23 @@ impl Ops {
 
     /// Allocates a quantised-activation buffer of `k` columns for the kernels of `format`.
     pub fn alloc_quant_x(&mut self, k: usize, format: Format) -> Result<QuantXRegion> {
+        self.alloc_quant_x_batch(k, format, 1)
+    }
+
+    /// Allocates quantised-activation buffers of `k` columns for `n` consecutive vectors.
+    pub fn alloc_quant_x_batch(
+        &mut self,
+        k: usize,
+        format: Format,
+        n: usize,
+    ) -> Result<QuantXRegion> {
         if k == 0 || k % GROUP != 0 || k > K_MAX {
             return Err(invalid(format!(
                 "quantised x of {k} columns: need a multiple of {GROUP} in {GROUP}..={K_MAX}"
             )));
         }
         let region = self.arena.alloc(
-            QuantX::bytes(k),
+            n.max(1) * QuantX::bytes(k),
             &format!("{} quantised activations", format.name),
         )?;
         Ok(QuantXRegion { region, k, format })
@@ -95,9 +105,21 @@ impl Ops {
     /// Quantises the Q16 activations `x` (`k` i32) into `xq` in BPF: `quantize_x8` for W4A8,
     /// `quantize_x16` for W8A16 (twins [`crate::swar::quantize_x8`], [`crate::swar::quantize_x16`]).
     pub fn quantize_x(&mut self, x: Region, xq: &QuantXRegion) -> Result<()> {
-        if x.len < xq.k * 4 || xq.region.len < QuantX::bytes(xq.k) {
+        self.quantize_x_batch(x, xq, 1)
+    }
+
+    /// [`Ops::quantize_x`] of `n` consecutive vectors (x i32 Q16 `[n][k]`) into `n` consecutive
+    /// quantised vectors of `QuantX::bytes(k)` each.
+    pub fn quantize_x_batch(&mut self, x: Region, xq: &QuantXRegion, n: usize) -> Result<()> {
+        let max = crate::limits::BATCH_MAX;
+        if n == 0 || n > max {
             return Err(invalid(format!(
-                "quantize_x: x of {} bytes or xq of {} for k = {}",
+                "quantize_x: a batch of {n} vectors (1..={max})"
+            )));
+        }
+        if x.len < n * xq.k * 4 || xq.region.len < n * QuantX::bytes(xq.k) {
+            return Err(invalid(format!(
+                "quantize_x: x of {} bytes or xq of {} for {n} vectors of k = {}",
                 x.len, xq.region.len, xq.k
             )));
         }
@@ -105,7 +127,7 @@ impl Ops {
             x: self.addr_of(x),
             xq: self.addr_of(xq.region),
             k: xq.k as u32,
-            pad: 0,
+            nb: n as u32,
         };
         let prog = if xq.format == W4A8 {
             "quantize_x8"
@@ -164,10 +186,12 @@ impl Ops {
             k: m.cols as u32,
             row0: rows.start as u32,
             nrows: rows.len() as u32,
+            nb: 1,
             ..Default::default()
         })
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn swar_matvec_as(
         &mut self,
         f: Format,
@@ -176,10 +200,17 @@ impl Ops {
         y: Region,
         rows: Rows,
         accumulate: bool,
+        batch: Batch,
     ) -> Result<()> {
-        let a = self.swar_args(f, m, xq, Some(y), &rows)?;
+        let y_elem = if accumulate { 8 } else { 4 };
+        batch.check(f.name, xq.region, QuantX::bytes(xq.k), y, rows.end * y_elem)?;
+        let a = swar_mv_args {
+            nb: batch.n as u32,
+            ystride: batch.y_stride as u64,
+            ..self.swar_args(f, m, xq, Some(y), &rows)?
+        };
         let mut parts: Vec<swar_mv_args> = self
-            .parts(rows.clone(), rows.len() * m.cols)
+            .parts(rows.clone(), rows.len() * m.cols * batch.n)
             .into_iter()
             .map(|p| swar_mv_args {
                 row0: p.start as u32,
@@ -230,7 +261,22 @@ impl Ops {
         rows: Rows,
         accumulate: bool,
     ) -> Result<()> {
-        self.swar_matvec_as(m.format, m, xq, y, rows, accumulate)
+        self.swar_matvec_as(m.format, m, xq, y, rows, accumulate, Batch::ONE)
+    }
+
+    /// [`Ops::swar_matvec`] for each of `batch.n` vectors quantised by
+    /// [`Ops::quantize_x_batch`]; vector b of y at `b * batch.y_stride` bytes. Each row block is
+    /// read from memory once for the whole batch.
+    pub fn swar_matvec_batch(
+        &mut self,
+        m: &PackedRegions,
+        xq: &QuantXRegion,
+        y: Region,
+        rows: Rows,
+        accumulate: bool,
+        batch: Batch,
+    ) -> Result<()> {
+        self.swar_matvec_as(m.format, m, xq, y, rows, accumulate, batch)
     }
 
     /// [`Ops::w4a8_lm_head_argmax`] or [`Ops::w8a16_lm_head_argmax`], whichever `m.format` is.
@@ -255,7 +301,7 @@ impl Ops {
         rows: Rows,
         accumulate: bool,
     ) -> Result<()> {
-        self.swar_matvec_as(W4A8, m, xq, y, rows, accumulate)
+        self.swar_matvec_as(W4A8, m, xq, y, rows, accumulate, Batch::ONE)
     }
 
     /// As [`Ops::w4a8_matvec`] for rows in whole blocks of 4, W 8-bit, x quantised into a W8A16
@@ -268,7 +314,7 @@ impl Ops {
         rows: Rows,
         accumulate: bool,
     ) -> Result<()> {
-        self.swar_matvec_as(W8A16, m, xq, y, rows, accumulate)
+        self.swar_matvec_as(W8A16, m, xq, y, rows, accumulate, Batch::ONE)
     }
 
     /// 4-bit logits of `rows` (into `y` when given) and their argmax (row, Q16 logit), first on

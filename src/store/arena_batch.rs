@@ -149,8 +149,10 @@ impl WeightStore for ArenaBatchStore {
         y: Region,
         rows: Rows,
         accumulate: bool,
+        n: usize,
     ) -> Result<()> {
         let k = super::linear_cols(&self.cfg, m);
+        let batch = super::batch(&self.cfg, m, accumulate, n);
         let base = match m {
             Linear::Qkv(l) => self.layers[l].qkv,
             Linear::O(l) => self.layers[l].o,
@@ -158,7 +160,7 @@ impl WeightStore for ArenaBatchStore {
         };
         for b in self.batches(rows, k, 1).collect::<Vec<_>>() {
             let w = self.stage(ops, base, k, &b, 0)?;
-            ops.matvec(w, x, y, k, b, accumulate)?;
+            ops.matvec_batch(w, x, y, k, b, accumulate, batch)?;
         }
         Ok(())
     }
@@ -171,13 +173,15 @@ impl WeightStore for ArenaBatchStore {
         y: Region,
         exp2: Region,
         rows: Rows,
+        n: usize,
     ) -> Result<()> {
         let (k, l) = (self.cfg.hidden_size, self.layers[layer]);
+        let batch = super::mlp_batch(&self.cfg, n);
         let half = self.window.len / 2 / PAGE * PAGE;
         for b in self.batches(rows, k, 2).collect::<Vec<_>>() {
             let g = self.stage(ops, l.gate, k, &b, 0)?;
             let u = self.stage(ops, l.up, k, &b, half)?;
-            ops.gate_up_swiglu(g, u, x, y, exp2, k, b)?;
+            ops.gate_up_swiglu_batch(g, u, x, y, exp2, k, b, batch)?;
         }
         Ok(())
     }

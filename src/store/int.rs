@@ -16,7 +16,7 @@ use super::{Linear, Norm, ResidentNorms, WeightStore};
 use crate::checkpoint::tensor_specs;
 use crate::fixed::{self, Q_NORM, Q_W};
 use crate::kernel::arena::Region;
-use crate::kernel::ops::{Ops, Rows};
+use crate::kernel::ops::{Batch, Ops, Rows};
 use crate::kernel::swar_ops::{ExactHead, PackedRegions, QuantXRegion, ScreenResult};
 use crate::screen::{Screen, ScreenedHead};
 use crate::swar::{self, Format, PackedMatrix, W4A8, W8A16};
@@ -334,15 +334,21 @@ impl IntStore {
         })
     }
 
-    /// The quantised-activation buffer for the columns and format of `m`, after quantising `x`
-    /// into it.
-    fn quantize(&self, ops: &mut Ops, x: Region, m: &PackedRegions) -> Result<QuantXRegion> {
+    /// The quantised-activation buffer for the columns and format of `m`, after quantising the
+    /// `n` vectors of `x` into it.
+    fn quantize(
+        &self,
+        ops: &mut Ops,
+        x: Region,
+        m: &PackedRegions,
+        n: usize,
+    ) -> Result<QuantXRegion> {
         let xq = *self
             .xq
             .iter()
             .find(|q| q.k == m.cols && q.format == m.format)
             .expect("a buffer for every (k, format) in the plan");
-        ops.quantize_x(x, &xq)?;
+        ops.quantize_x_batch(x, &xq, n)?;
         Ok(xq)
     }
 }
@@ -364,10 +370,12 @@ impl WeightStore for IntStore {
                 .unwrap_or(0),
         };
         let c = &self.cfg;
-        let scratch = self.contexts
-            * (4 * (swar::QuantX::bytes(c.hidden_size.max(c.intermediate_size).max(c.q_dim()))
-                + 4096)
+        // every context's buffers hold one vector, the first context's a prefill block
+        let vectors = self.contexts - 1 + super::PREFILL_BLOCK;
+        let scratch = vectors
+            * (5 * swar::QuantX::bytes(c.hidden_size.max(c.intermediate_size).max(c.q_dim()))
                 + 2 * c.intermediate_size * 4)
+            + self.contexts * 5 * 4096
             + c.hidden_size * 4;
         self.cache.header.payload_bytes - embed
             + scratch
@@ -410,7 +418,7 @@ impl WeightStore for IntStore {
     fn lm_head_argmax(&mut self, ops: &mut Ops, x: Region, rows: Rows) -> Result<(usize, i32)> {
         let head = self.lm_head.expect("uploaded");
         if self.screen.is_some() && rows == (0..head.rows) {
-            let xq = self.quantize(ops, x, &head)?;
+            let xq = self.quantize(ops, x, &head, 1)?;
             if let Some(s) = self.screen.as_mut() {
                 if let Some(best) = s.argmax(ops, x, &ExactHead::W8 { head, xq })? {
                     return Ok(best);
@@ -455,14 +463,15 @@ impl WeightStore for IntStore {
         ];
         wanted.sort_by_key(|(k, f)| (*k, f.name));
         wanted.dedup();
-        for _ in 0..self.contexts {
+        for i in 0..self.contexts {
+            let n = if i == 0 { super::PREFILL_BLOCK } else { 1 };
             let xq = wanted
                 .iter()
-                .map(|&(k, f)| ops.alloc_quant_x(k, f))
+                .map(|&(k, f)| ops.alloc_quant_x_batch(k, f, n))
                 .collect::<Result<Vec<_>>>()?;
             let out = ops
                 .arena
-                .alloc(2 * c.intermediate_size * 4, "gate/up outputs")?;
+                .alloc(n * 2 * c.intermediate_size * 4, "gate/up outputs")?;
             self.scratch_sets.push((xq, out));
         }
         self.set_context(0);
@@ -525,14 +534,16 @@ impl WeightStore for IntStore {
         y: Region,
         rows: Rows,
         accumulate: bool,
+        n: usize,
     ) -> Result<()> {
         let mat = match m {
             Linear::Qkv(l) => self.layers[l].qkv,
             Linear::O(l) => self.layers[l].o,
             Linear::Down(l) => self.layers[l].down,
         };
-        let xq = self.quantize(ops, x, &mat)?;
-        ops.swar_matvec(&mat, &xq, y, rows, accumulate)
+        let xq = self.quantize(ops, x, &mat, n)?;
+        let batch = super::batch(&self.cfg, m, accumulate, n);
+        ops.swar_matvec_batch(&mat, &xq, y, rows, accumulate, batch)
     }
 
     fn gate_up_swiglu(
@@ -543,27 +554,33 @@ impl WeightStore for IntStore {
         y: Region,
         exp2: Region,
         rows: Rows,
+        n: usize,
     ) -> Result<()> {
         let (ffn, mat) = (self.cfg.intermediate_size, self.layers[layer].gate_up);
-        let xq = self.quantize(ops, x, &mat)?;
+        let xq = self.quantize(ops, x, &mat, n)?;
+        // gate and up of vector b: out [n][2][intermediate]
         let out = self.gate_up_out;
+        let batch = Batch {
+            n,
+            y_stride: 2 * ffn * 4,
+        };
         if rows == (0..ffn) {
-            ops.swar_matvec(&mat, &xq, out, 0..2 * ffn, false)?;
+            ops.swar_matvec_batch(&mat, &xq, out, 0..2 * ffn, false, batch)?;
         } else {
-            ops.swar_matvec(&mat, &xq, out, rows.clone(), false)?;
-            ops.swar_matvec(&mat, &xq, out, ffn + rows.start..ffn + rows.end, false)?;
+            ops.swar_matvec_batch(&mat, &xq, out, rows.clone(), false, batch)?;
+            let up = ffn + rows.start..ffn + rows.end;
+            ops.swar_matvec_batch(&mat, &xq, out, up, false, batch)?;
         }
-        let (g, u) = (
-            out.sub(rows.start * 4, rows.len() * 4)?,
-            out.sub((ffn + rows.start) * 4, rows.len() * 4)?,
-        );
-        ops.swiglu(
-            g,
-            u,
-            y.sub(rows.start * 4, rows.len() * 4)?,
-            exp2,
-            rows.len(),
-        )
+        for b in 0..n {
+            let (o, yb) = (b * 2 * ffn * 4, b * ffn * 4);
+            let (g, u) = (
+                out.sub(o + rows.start * 4, rows.len() * 4)?,
+                out.sub(o + (ffn + rows.start) * 4, rows.len() * 4)?,
+            );
+            let y = y.sub(yb + rows.start * 4, rows.len() * 4)?;
+            ops.swiglu(g, u, y, exp2, rows.len())?;
+        }
+        Ok(())
     }
 
     fn lm_head(
@@ -574,7 +591,7 @@ impl WeightStore for IntStore {
         rows: Rows,
     ) -> Result<(usize, i32)> {
         let head = self.lm_head.expect("uploaded");
-        let xq = self.quantize(ops, x, &head)?;
+        let xq = self.quantize(ops, x, &head, 1)?;
         ops.swar_lm_head_argmax(&head, &xq, logits, rows)
     }
 }

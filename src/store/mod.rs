@@ -13,7 +13,7 @@ pub mod q24;
 use std::path::Path;
 
 use crate::kernel::arena::Region;
-use crate::kernel::ops::{Ops, Rows};
+use crate::kernel::ops::{Batch, Ops, Rows};
 use crate::{Checkpoint, Config, Result};
 
 /// A linear layer of one decoder layer, as the forward pass uses it.
@@ -59,7 +59,8 @@ impl Norm {
 ///
 /// Implementations are driven by [`crate::Model`]: [`WeightStore::arena_bytes`] sizes the arena,
 /// [`WeightStore::upload`] runs once after the BPF programs are loaded, and the operator methods
-/// run once per token each (`rows` lets the caller split a matrix across CPUs).
+/// run once per token each, or once per prefill block of `n` tokens (`rows` lets the caller
+/// split a matrix across CPUs).
 pub trait WeightStore: Send {
     /// Short name ("q24", "arena", …).
     fn name(&self) -> &'static str;
@@ -71,7 +72,10 @@ pub trait WeightStore: Send {
     fn norm(&self, n: Norm) -> Region;
     /// `x = embed_tokens[token]` in Q16.
     fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()>;
-    /// `y[rows] (+)= W[rows] · x`.
+    /// `y[rows] (+)= W[rows] · x` for each of `n` vectors: x `[n][cols]`, y `[n][rows of m]`
+    /// (i32, or the i64 residual stream when accumulating). `n` is 1 when decoding and at most
+    /// [`WeightStore::prefill_block`].
+    #[allow(clippy::too_many_arguments)]
     fn matvec(
         &mut self,
         ops: &mut Ops,
@@ -80,8 +84,11 @@ pub trait WeightStore: Send {
         y: Region,
         rows: Rows,
         accumulate: bool,
+        n: usize,
     ) -> Result<()>;
-    /// `y[rows] = silu(gate[rows] · x) * (up[rows] · x)` for `layer`.
+    /// `y[rows] = silu(gate[rows] · x) * (up[rows] · x)` for `layer`, for each of `n` vectors:
+    /// x `[n][hidden]`, y `[n][intermediate]`.
+    #[allow(clippy::too_many_arguments)]
     fn gate_up_swiglu(
         &mut self,
         ops: &mut Ops,
@@ -90,7 +97,12 @@ pub trait WeightStore: Send {
         y: Region,
         exp2: Region,
         rows: Rows,
+        n: usize,
     ) -> Result<()>;
+    /// Tokens per prefill block: how many vectors [`WeightStore::matvec`] takes at once.
+    fn prefill_block(&self) -> usize {
+        PREFILL_BLOCK
+    }
     /// Logits of `rows` (written to `logits` when given) and their argmax (row, Q16 logit).
     fn lm_head(
         &mut self,
@@ -166,6 +178,30 @@ impl ResidentNorms {
     }
 }
 
+/// Tokens per prefill block, for every store: each weight row block is read from memory once
+/// per block and multiplied by the block's vectors while it is in the L1 cache. 16 makes the
+/// weight traffic a sixteenth of token-by-token prefill, while a block's activations (at most
+/// 16 × intermediate × 8 bytes of quantised x) stay in the L2 cache.
+pub const PREFILL_BLOCK: usize = 16;
+
+/// The batch of `n` vectors through linear layer `m`: y's vectors are the layer's rows apart, in
+/// i64 (the residual stream) when accumulating, else i32.
+pub(crate) fn batch(cfg: &Config, m: Linear, accumulate: bool, n: usize) -> Batch {
+    let elem = if accumulate { 8 } else { 4 };
+    Batch {
+        n,
+        y_stride: linear_rows(cfg, m) * elem,
+    }
+}
+
+/// The batch of `n` vectors through the MLP's gate/up half: y `[n][intermediate]` i32.
+pub(crate) fn mlp_batch(cfg: &Config, n: usize) -> Batch {
+    Batch {
+        n,
+        y_stride: cfg.intermediate_size * 4,
+    }
+}
+
 /// Rows of a linear layer for `cfg`.
 pub fn linear_rows(cfg: &Config, m: Linear) -> usize {
     match m {
@@ -233,6 +269,11 @@ impl Backend {
             Backend::Int4 => "int4",
             Backend::Int8 => "int8",
         }
+    }
+
+    /// Tokens per prefill block ([`crate::Model::prefill`]) of this backend's store.
+    pub fn prefill_block(self) -> usize {
+        PREFILL_BLOCK
     }
 
     /// Every backend, in the order reports list them.

@@ -286,6 +286,7 @@ impl WeightStore for Q24Store {
         y: Region,
         rows: Rows,
         accumulate: bool,
+        n: usize,
     ) -> Result<()> {
         let w = match m {
             Linear::Qkv(l) => self.layers[l].qkv,
@@ -293,7 +294,8 @@ impl WeightStore for Q24Store {
             Linear::Down(l) => self.layers[l].down,
         };
         let k = super::linear_cols(&self.cfg, m);
-        ops.matvec(rows_of(w, k, &rows)?, x, y, k, rows, accumulate)
+        let batch = super::batch(&self.cfg, m, accumulate, n);
+        ops.matvec_batch(rows_of(w, k, &rows)?, x, y, k, rows, accumulate, batch)
     }
 
     fn gate_up_swiglu(
@@ -304,9 +306,10 @@ impl WeightStore for Q24Store {
         y: Region,
         exp2: Region,
         rows: Rows,
+        n: usize,
     ) -> Result<()> {
         let (l, k) = (self.layers[layer], self.cfg.hidden_size);
-        ops.gate_up_swiglu(
+        ops.gate_up_swiglu_batch(
             rows_of(l.gate, k, &rows)?,
             rows_of(l.up, k, &rows)?,
             x,
@@ -314,6 +317,7 @@ impl WeightStore for Q24Store {
             exp2,
             k,
             rows,
+            super::mlp_batch(&self.cfg, n),
         )
     }
 
