@@ -441,10 +441,11 @@ fn run(args: &Args) -> Result<()> {
         );
     }
     eprintln!(
-        "prompt:    {} tokens, prefill {:.2} s ({:.1} ms/token)",
+        "prompt:    {} tokens, prefill {:.2} s ({:.1} ms/token, blocks of {} tokens)",
         prompt.len(),
         prefill.as_secs_f64(),
-        prefill.as_secs_f64() * 1e3 / prompt.len() as f64
+        prefill.as_secs_f64() * 1e3 / prompt.len() as f64,
+        model.prefill_block()
     );
     if decode_passes > 0 {
         let ms = decode.as_secs_f64() * 1e3 / decode_passes as f64;

@@ -551,6 +551,7 @@ mod tests {
             y: a.addr(x),
             k: 3,
             nrows: 1,
+            nb: 1,
             ..Default::default()
         };
         let mut args = [0; ARGS_WORDS];

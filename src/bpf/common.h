@@ -63,6 +63,12 @@ typedef __u64 u64;
 		ret_;                                                             \
 	})
 
+/* for (u32 i = start; i < end; i++) as a can_loop loop: for loops over a vector's elements or a
+ * context's positions, where bpf_for's kfunc call per iteration costs more than the body. The
+ * bound must stay far below can_loop's budget: every use is at most LIM_COLS_MAX or max_ctx
+ * (~10^5) iterations. */
+#define LOOP(i, start, end) for (u32 i = (start); i < (end) && can_loop; i++)
+
 /* An operator: the global function op_<name>(type *a), verified once on its own, and the
  * SEC("syscall") program <name> that runs it on its ctx (one test_run per operator run). The
  * plan interpreter (plan.bpf.h) calls the same global functions, in order, in one invocation. */

@@ -69,7 +69,7 @@ OP(embed, struct embed_args)
 	s64 __arena *x = ARENA_PTR(s64, a->x);
 
 	USE_ARENA(arena);
-	FOR(i, 0, a->dim)
+	LOOP(i, 0, a->dim)
 		x[i] = (s64)e[i] << (Q_RES - Q_W);
 	return 0;
 }
@@ -91,6 +91,39 @@ static __always_inline s64 load_q32(u64 xa, u32 i, u32 wide)
  * the input kind share one u32: n | q_out << 16 | WIDE (x is the s64 Q32 residual). */
 #define WIDE (1U << 31)
 #define NQW(n, q_out, wide) ((n) | (q_out) << 16 | ((wide) ? WIDE : 0))
+
+/* max |x_i| over the n = nqw & 0xffff elements (<= LIM_NORM_MAX) of x (see load_q32). Global
+ * functions, so that the verifier does not carry the sums' precision, which the shifts computed
+ * from them need, back into the loops (it could then not prove the loops' states equal). */
+__noinline u64 vec_maxabs(u64 xa, u32 nqw)
+{
+	u32 n = nqw & 0xffff, wide = (nqw & WIDE) != 0;
+	u64 maxabs = 0;
+
+	LOOP(i, 0, n) {
+		s64 xi = load_q32(xa, i, wide);
+		u64 ax = xi < 0 ? -xi : xi;
+
+		if (ax > maxabs)
+			maxabs = ax;
+	}
+	return maxabs;
+}
+
+/* sum of (|x_i| >> s)^2 over the n elements of x, as vec_maxabs. */
+__noinline u64 vec_sumsq(u64 xa, u32 nqw, u32 s)
+{
+	u32 n = nqw & 0xffff, wide = (nqw & WIDE) != 0;
+	u64 ss = 0;
+
+	LOOP(i, 0, n) {
+		s64 xi = load_q32(xa, i, wide);
+		u64 ax = (xi < 0 ? -xi : xi) >> (s & 63);
+
+		ss += ax * ax;
+	}
+	return ss;
+}
 static __noinline int rmsnorm_vec(u64 xa, u64 wa, u64 ya, u32 nqw, u64 eps_q64)
 {
 	u32 n = nqw & 0xffff, q_out = (nqw >> 16) & 31, wide = (nqw & WIDE) != 0;
@@ -101,28 +134,17 @@ static __noinline int rmsnorm_vec(u64 xa, u64 wa, u64 ya, u32 nqw, u64 eps_q64)
 
 	if (n == 0 || n > LIM_NORM_MAX)
 		return 1;
-	FOR(i, 0, n) {
-		s64 xi = load_q32(xa, i, wide);
-		u64 ax = xi < 0 ? -xi : xi;
-
-		if (ax > maxabs)
-			maxabs = ax;
-	}
+	maxabs = vec_maxabs(xa, nqw);
 	if (bitlen(maxabs) > 24)
 		s = bitlen(maxabs) - 24;
-	FOR(i, 0, n) {
-		s64 xi = load_q32(xa, i, wide);
-		u64 ax = (xi < 0 ? -xi : xi) >> s;
-
-		ss += ax * ax;
-	}
+	ss = vec_sumsq(xa, nqw, s);
 	v = ss / n + (s < 32 ? eps_q64 >> (2 * s) : 0);
 	if (v == 0)
 		v = 1;
 	e = (62 - bitlen(v)) / 2;
 	r = isqrt(v << (2 * e));
 	inv = (1ULL << 62) / r;
-	FOR(i, 0, n) {
+	LOOP(i, 0, n) {
 		s64 nrm = rshr((load_q32(xa, i, wide) >> s) * (s64)inv, (38 - e) & 63); /* Q24 */
 
 		y[i] = sat32(rshr(nrm * (s64)w[i], (Q_NRM + Q_NORM - q_out) & 63));
@@ -424,7 +446,7 @@ OP(swiglu_vec, struct swiglu_args)
 	s32 __arena *y = ARENA_PTR(s32, a->y);
 
 	USE_ARENA(arena);
-	FOR(i, 0, a->n)
+	LOOP(i, 0, a->n)
 		y[i] = swiglu(g[i], u[i], tab);
 	return 0;
 }
@@ -473,26 +495,52 @@ struct attention_args {
 	s32 scale_q22; /* round(hd^-0.5 * 2^22) */
 };
 
-/* q . k over hd (<= 512) dimensions, Q22 x Q16 -> Q38 (a global function, verified once). */
+/* q . k over hd (<= 512) dimensions, Q22 x Q16 -> Q38 (a global function, verified once). Four
+ * columns per step into four sums (the same total: the sums wrap mod 2^64 like the twin's),
+ * then the remainder. */
 __noinline s64 dot_head(u64 qa, u64 ka, u32 hd)
 {
 	const s32 __arena *q = ARENA_PTR(const s32, qa);
 	const s32 __arena *k = ARENA_PTR(const s32, ka);
-	s64 dot = 0;
+	u64 d0 = 0, d1 = 0, d2 = 0, d3 = 0;
+	u32 d = 0;
 
-	for (u32 d = 0; d < hd && can_loop; d++)
-		dot += (s64)q[d] * k[d];
-	return dot;
+	for (; d + 4 <= hd && can_loop; d += 4) {
+		d0 += (s64)q[0] * k[0];
+		d1 += (s64)q[1] * k[1];
+		d2 += (s64)q[2] * k[2];
+		d3 += (s64)q[3] * k[3];
+		q += 4;
+		k += 4;
+	}
+	for (; d < hd && can_loop; d++) {
+		d0 += (s64)*q * *k;
+		q++;
+		k++;
+	}
+	return (s64)(d0 + d1 + d2 + d3);
 }
 
-/* acc[d] += p * v[d] over hd (<= 512) dimensions. */
+/* acc[d] += p * v[d] over hd (<= 512) dimensions, four per step. */
 __noinline int axpy_head(u64 acca, u64 va, s64 p, u32 hd)
 {
 	s64 __arena *acc = ARENA_PTR(s64, acca);
 	const s32 __arena *v = ARENA_PTR(const s32, va);
+	u32 d = 0;
 
-	for (u32 d = 0; d < hd && can_loop; d++)
-		acc[d] += p * v[d];
+	for (; d + 4 <= hd && can_loop; d += 4) {
+		acc[0] += p * v[0];
+		acc[1] += p * v[1];
+		acc[2] += p * v[2];
+		acc[3] += p * v[3];
+		acc += 4;
+		v += 4;
+	}
+	for (; d < hd && can_loop; d++) {
+		*acc += p * *v;
+		acc++;
+		v++;
+	}
 	return 0;
 }
 

@@ -153,7 +153,7 @@ static __always_inline int quantize_x(struct quantize_x_args *a, u32 qmax)
 		u64 x = a->x + (u64)v * k * 4, xq = a->xq + v * SW_XQ_BYTES(k);
 		u64 blk = xq + (u64)k * 8;
 
-		FOR(g, 0, k / SW_GROUP)
+		LOOP(g, 0, k / SW_GROUP)
 			quantize_block(x + g * SW_GROUP * 4, xq + g * SW_GROUP * 8, blk + g * 16, qmax);
 	}
 	return 0;
