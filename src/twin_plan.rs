@@ -300,6 +300,10 @@ fn attention(arena: &mut Arena, c: &mut attention_args) -> Result<bool> {
     if c.pos >= c.max_ctx || nkv == 0 || nq % nkv != 0 || hd > HEAD_DIM_MAX {
         return Ok(false);
     }
+    let (kv0, kv1) = (c.kv0 as usize, c.kv1 as usize);
+    if kv0 >= kv1 || kv1 > nkv {
+        return Ok(false);
+    }
     let (kvd, npos) = (nkv * hd, pos + 1);
     let s = AttnShape {
         n_q: nq,
@@ -322,9 +326,12 @@ fn attention(arena: &mut Arena, c: &mut attention_args) -> Result<bool> {
         exp2_table(arena, c.exp2)?,
         &mut out,
     );
-    write(arena, c.k_cache + off(pos * kvd, 4), &kc[pos * kvd..])?;
-    write(arena, c.v_cache + off(pos * kvd, 4), &vc[pos * kvd..])?;
-    write(arena, c.out, &out)?;
+    // this part's kv heads' columns of the new cache row, and its query heads' outputs
+    let (cols, g) = (pos * kvd + kv0 * hd..pos * kvd + kv1 * hd, nq / nkv);
+    write(arena, c.k_cache + off(cols.start, 4), &kc[cols.clone()])?;
+    write(arena, c.v_cache + off(cols.start, 4), &vc[cols])?;
+    let rows = kv0 * g * hd..kv1 * g * hd;
+    write(arena, c.out + off(rows.start, 4), &out[rows])?;
     Ok(true)
 }
 

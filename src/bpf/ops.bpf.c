@@ -493,6 +493,7 @@ struct attention_args {
 	u64 exp2;    /* u32 Q30 [257] */
 	u32 pos, max_ctx, n_q, n_kv, hd;
 	s32 scale_q22; /* round(hd^-0.5 * 2^22) */
+	u32 kv0, kv1;  /* this run's kv heads [kv0, kv1) and their query heads: a thread's part */
 };
 
 /* q . k over hd (<= 512) dimensions, Q22 x Q16 -> Q38 (a global function, verified once). Four
@@ -605,24 +606,29 @@ static __noinline int attend_head(struct attention_args *a, u32 h)
 	return 0;
 }
 
-/* Causal GQA attention at position pos: append this position's k and v to the layer's cache,
- * then attend every query head (head h reads kv head h / (n_q / n_kv)). */
+/* Causal GQA attention at position pos for kv heads [kv0, kv1): append their columns of this
+ * position's k and v to the layer's cache, then attend their query heads (head h reads kv head
+ * h / (n_q / n_kv)). Parts with disjoint kv-head ranges touch disjoint cache columns, scratch
+ * and outputs, so that threads can run them at once. */
 OP(attention, struct attention_args)
 {
-	u32 kvd = a->n_kv * a->hd;
+	u32 kvd = a->n_kv * a->hd, hd = a->hd, kv0 = a->kv0, kv1 = a->kv1, g;
 	const s32 __arena *k = ARENA_PTR(const s32, a->k);
 	const s32 __arena *v = ARENA_PTR(const s32, a->v);
 	s32 __arena *kc = ARENA_PTR(s32, a->k_cache + (u64)a->pos * kvd * 4);
 	s32 __arena *vc = ARENA_PTR(s32, a->v_cache + (u64)a->pos * kvd * 4);
 
 	USE_ARENA(arena);
-	if (a->pos >= a->max_ctx || a->n_kv == 0 || a->n_q % a->n_kv || a->hd > LIM_HEAD_DIM_MAX)
+	if (a->pos >= a->max_ctx || a->n_kv == 0 || a->n_q % a->n_kv || hd > LIM_HEAD_DIM_MAX)
 		return 1;
-	FOR(i, 0, kvd) {
+	if (kv0 >= kv1 || kv1 > a->n_kv)
+		return 1;
+	g = a->n_q / a->n_kv;
+	FOR(i, kv0 * hd, kv1 * hd) {
 		kc[i] = k[i];
 		vc[i] = v[i];
 	}
-	FOR(h, 0, a->n_q)
+	FOR(h, kv0 * g, kv1 * g)
 		attend_head(a, h);
 	return 0;
 }

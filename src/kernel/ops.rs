@@ -780,7 +780,14 @@ impl Ops {
         s: crate::fixed::AttnShape,
         scale_q22: i32,
     ) -> Result<()> {
-        let mut a = attention_args {
+        // split by kv heads as attention_i8 is (a plan is recorded at position 0 for every one)
+        let macs = 2 * (pos + 1) * s.n_q * s.hd;
+        let n = if self.is_recording() || macs >= self.par_min_macs / 4 {
+            self.threads.min(s.n_kv)
+        } else {
+            1
+        };
+        let a = attention_args {
             q: self.addr_of(b.q),
             k: self.addr_of(b.k),
             v: self.addr_of(b.v),
@@ -796,14 +803,23 @@ impl Ops {
             n_kv: s.n_kv as u32,
             hd: s.hd as u32,
             scale_q22,
+            kv0: 0,
+            kv1: s.n_kv as u32,
         };
+        let mut parts: Vec<attention_args> = (0..n)
+            .map(|i| attention_args {
+                kv0: (i * s.n_kv / n) as u32,
+                kv1: ((i + 1) * s.n_kv / n) as u32,
+                ..a
+            })
+            .collect();
         self.patch_next(vec![Patch::new(
             std::mem::offset_of!(attention_args, pos),
             4,
             Var::Pos,
             1,
         )]);
-        self.run("attention", &mut a)
+        self.run_parts("attention", &mut parts)
     }
 }
 
