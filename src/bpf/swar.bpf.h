@@ -308,37 +308,34 @@ static __always_inline void keep_best(struct swar_ctx *c, s64 packed, u32 rows_p
 }
 
 /* Row block i times each of the nb vectors in turn: the block's words and scales stay in the L1
- * cache, so that a prefill block reads them from memory once. */
-static long w4a8_block(u64 i, struct swar_ctx *c)
+ * cache, so that a prefill block reads them from memory once. w8 selects the W8 kernel (four
+ * rows per block) over the W4 one (eight), a compile-time constant. */
+static __always_inline long swar_block(u64 i, struct swar_ctx *c, const int w8)
 {
+	const u32 rpb = w8 ? 4 : 8;
 	u64 blk = c->block0 + i;
 
 	for (u32 b = 0; b < c->nb && can_loop; b++) { /* nb <= LIM_BATCH_MAX */
-		s64 p = w4a8_rows8(c->w + blk * c->wstride, c->s + blk * c->sstride,
-				   c->xq + b * c->xqstride,
-				   c->y ? c->y + b * c->ystride + blk * 8 * c->ysize : 0,
-				   c->k | (u64)c->mode << 32);
+		u64 wa = c->w + blk * c->wstride, sa = c->s + blk * c->sstride;
+		u64 xqa = c->xq + b * c->xqstride;
+		u64 ya = c->y ? c->y + b * c->ystride + blk * rpb * c->ysize : 0;
+		u64 k_mode = c->k | (u64)c->mode << 32;
+		s64 p = w8 ? w8a16_rows4(wa, sa, xqa, ya, k_mode) : w4a8_rows8(wa, sa, xqa, ya, k_mode);
 
 		if (c->mode == SW_MODE_ARGMAX)
-			keep_best(c, p, 8, blk);
+			keep_best(c, p, rpb, blk);
 	}
 	return 0;
 }
 
+static long w4a8_block(u64 i, struct swar_ctx *c)
+{
+	return swar_block(i, c, 0);
+}
+
 static long w8a16_block(u64 i, struct swar_ctx *c)
 {
-	u64 blk = c->block0 + i;
-
-	for (u32 b = 0; b < c->nb && can_loop; b++) { /* nb <= LIM_BATCH_MAX */
-		s64 p = w8a16_rows4(c->w + blk * c->wstride, c->s + blk * c->sstride,
-				    c->xq + b * c->xqstride,
-				    c->y ? c->y + b * c->ystride + blk * 4 * c->ysize : 0,
-				    c->k | (u64)c->mode << 32);
-
-		if (c->mode == SW_MODE_ARGMAX)
-			keep_best(c, p, 4, blk);
-	}
-	return 0;
+	return swar_block(i, c, 1);
 }
 
 /* Checks the arguments and runs the row blocks of [row0, row0 + nrows); rpb = rows per block
