@@ -467,6 +467,13 @@ fn greedy_generation_is_next_token_in_a_loop() {
         m.next_token(PROMPT[0]).unwrap();
         m.bpf_runs() - r
     };
+    // the prompt before its last token goes through prefill, in a block (per operator)
+    let prefill_runs = {
+        m.reset();
+        let r = m.bpf_runs();
+        m.prefill(&PROMPT[..PROMPT.len() - 1]).unwrap();
+        m.bpf_runs() - r
+    };
 
     let r0 = m.bpf_runs();
     m.reset();
@@ -485,8 +492,8 @@ fn greedy_generation_is_next_token_in_a_loop() {
     drop(g);
     assert_eq!(
         m.bpf_runs() - r0,
-        (PROMPT.len() + n - 1) as u64 * runs_per_token,
-        "one forward pass per token, argmax in BPF"
+        prefill_runs + n as u64 * runs_per_token,
+        "the prompt's prefill, then one forward pass per token, argmax in BPF"
     );
 
     // Sampling goes through the f32 logits; top-k 1 at any temperature is still the argmax.
