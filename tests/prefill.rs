@@ -86,8 +86,7 @@ fn prefill_in_blocks_equals_token_by_token_for_every_store() {
             "{what}: KV cache after blocked prefill vs token by token"
         );
         // decoding goes on from identical states
-        for i in 0..3 {
-            let t = tokens[i];
+        for (i, &t) in tokens.iter().take(3).enumerate() {
             assert_eq!(
                 blocked.forward_fixed(t).unwrap(),
                 single.forward_fixed(t).unwrap(),

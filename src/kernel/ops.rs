@@ -317,9 +317,8 @@ impl Ops {
         };
         // the parts run on different CPUs (run_threads pins them): a long part queued behind
         // another on one CPU of this non-preemptible kernel would wait for it to finish
-        let result = run_threads(fd, name, args)
-            .into_iter()
-            .fold(Ok(()), |r, rc| r.and(check(rc)));
+        // (every part has finished: the first refusal is the error)
+        let result = run_threads(fd, name, args).into_iter().try_for_each(check);
         self.runs += args.len() as u64;
         result
     }
