@@ -168,7 +168,7 @@ impl KernelMemory {
     }
 }
 
-/// Arena buffers of the forward pass. `block` is the prefill block ([`WeightStore::prefill_block`]
+/// Arena buffers of the forward pass. `block` is the prefill block ([`Backend::prefill_block`]
 /// tokens; 1 for the event contexts): a block's tokens go through each operator together.
 #[derive(Debug)]
 struct Buffers {
@@ -485,7 +485,6 @@ impl Model {
         let mut ops = Ops::load_with(memory.total(), opts.event_slots > 0)?;
         ops.set_threads(opts.threads);
         store.upload(&mut ops)?;
-        let block = store.prefill_block();
         let mut b = Self::alloc_buffers(
             &mut ops,
             &cfg,
@@ -748,6 +747,11 @@ impl Model {
     /// borrowed until the next call ([`Forward::forward`]).
     pub fn forward(&mut self, token: u32) -> Result<&[f32]> {
         self.step(token, Head::Logits)?;
+        self.logits_f32()
+    }
+
+    /// The logits the last step wrote, converted from Q16 to f32 into `self.logits`.
+    fn logits_f32(&mut self) -> Result<&[f32]> {
         let q16 = self.ops.arena.slice::<i32>(self.b.logits)?;
         for (out, &v) in self.logits.iter_mut().zip(q16) {
             *out = fixed::from_fixed(v, fixed::Q_ACT);
@@ -823,15 +827,11 @@ impl Model {
                 }
             }
         }
-        let q16 = self.ops.arena.slice::<i32>(self.b.logits)?;
-        for (out, &v) in self.logits.iter_mut().zip(q16) {
-            *out = fixed::from_fixed(v, fixed::Q_ACT);
-        }
-        Ok(&self.logits)
+        self.logits_f32()
     }
 
     /// Tokens per prefill block: how many prompt tokens [`Model::prefill`] runs through each
-    /// weight matrix at once (chosen by the weight store).
+    /// weight matrix at once ([`Backend::prefill_block`] of the store).
     pub fn prefill_block(&self) -> usize {
         self.b.block
     }
@@ -1256,7 +1256,8 @@ impl Model {
                 let k = qkv.sub(qd * 4, kvd * 4)?; // [n_kv][hd]
                 let v = qkv.sub((qd + kvd) * 4, kvd * 4)?; // [n_kv][hd]
                 let att = b.att.sub(t * qd * 4, qd * 4)?; // [q_dim]
-                                                          // 3. per-head q_norm / k_norm, then RoPE at pos        q [n_q][hd], k [n_kv][hd]
+
+                // 3. per-head q_norm / k_norm, then RoPE at pos        q [n_q][hd], k [n_kv][hd]
                 ops.qk_norm_rope(
                     q,
                     k,

@@ -74,7 +74,7 @@ pub trait WeightStore: Send {
     fn embed(&mut self, ops: &mut Ops, token: u32, x: Region) -> Result<()>;
     /// `y[rows] (+)= W[rows] · x` for each of `n` vectors: x `[n][cols]`, y `[n][rows of m]`
     /// (i32, or the i64 residual stream when accumulating). `n` is 1 when decoding and at most
-    /// [`WeightStore::prefill_block`].
+    /// [`Backend::prefill_block`].
     #[allow(clippy::too_many_arguments)]
     fn matvec(
         &mut self,
@@ -99,10 +99,6 @@ pub trait WeightStore: Send {
         rows: Rows,
         n: usize,
     ) -> Result<()>;
-    /// Tokens per prefill block: how many vectors [`WeightStore::matvec`] takes at once.
-    fn prefill_block(&self) -> usize {
-        PREFILL_BLOCK
-    }
     /// Logits of `rows` (written to `logits` when given) and their argmax (row, Q16 logit).
     fn lm_head(
         &mut self,
