@@ -24,6 +24,12 @@
 //!   one run so that their ratios are comparable. Throughput elements are multiply-adds, so
 //!   criterion's `elem/s` is MAC/s.
 //!
+//! * `batched`: the weight-bearing operators of a prefill block on one and on two threads, at
+//!   the 0.6B shapes: `Ops::matvec_batch` (Q24) and `Ops::swar_matvec_batch` (W4A8, W8A16) for
+//!   one vector and for a block of `PREFILL_BLOCK` vectors, so that the gain of the block and of
+//!   the second core are read as ratios within one run (`elem/s` is MAC/s):
+//!   `cargo bench --bench decode -- batched`.
+//!
 //! Needs root (or CAP_BPF + CAP_PERFMON). Sample sizes are small so that the run takes a few
 //! minutes on two cores.
 
@@ -33,7 +39,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qwen_bpf::kernel::arena::Region;
-use qwen_bpf::kernel::ops::Ops;
+use qwen_bpf::kernel::ops::{Batch, Ops};
 use qwen_bpf::reference::{self, Reference};
 use qwen_bpf::{fixed, swar};
 use qwen_bpf::{Backend, Checkpoint, Dispatch, GenerateOptions, Model, ModelOptions};
@@ -322,5 +328,91 @@ fn kernels(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, dispatch, screened_head, kernels);
+/// The `batched` group: each weight-bearing operator for 1 and for `PREFILL_BLOCK` vectors, on
+/// 1 and 2 threads; every result is checked against its twin once, outside the timing.
+fn batched(c: &mut Criterion) {
+    if !selected("batched") {
+        return;
+    }
+    let nb_max = qwen_bpf::store::PREFILL_BLOCK;
+    let bytes: usize = SHAPES
+        .iter()
+        .map(|&(r, k)| (r * k + (k + r) * nb_max) * 4 * 2 + 2 * nb_max * swar::QuantX::bytes(k))
+        .sum();
+    let mut ops = Ops::load(bytes).expect("loading the operator programs (needs root / CAP_BPF)");
+    let mut g = c.benchmark_group("batched");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    for (i, &(rows, cols)) in SHAPES.iter().enumerate() {
+        let w = random_vec(2 * i as u64 + 1, rows * cols, 1 << 20);
+        let x = random_vec(2 * i as u64 + 2, cols * nb_max, 1 << 18);
+        let mut put = |data: &[i32], what: &str| -> Region {
+            let r = ops.arena.alloc(data.len() * 4, what).expect("arena space");
+            ops.arena.slice_mut::<i32>(r).unwrap().copy_from_slice(data);
+            r
+        };
+        let (rw, rx) = (put(&w, "W"), put(&x, "x"));
+        let ry = ops
+            .arena
+            .alloc(rows * 4 * nb_max, "y")
+            .expect("arena space");
+        let wf: Vec<f32> = w
+            .iter()
+            .map(|&v| v as f32 / (1 << 24) as f32 * 0.6)
+            .collect();
+        let m4 = swar::quantize_int4(&wf, rows, cols).expect("int4 weights");
+        let m8 = swar::quantize_int8(&wf, rows, cols).expect("int8 weights");
+        let (r4, r8) = (
+            ops.upload_int4(&m4).expect("arena"),
+            ops.upload_int8(&m8).expect("arena"),
+        );
+        let (x8, x16) = (
+            ops.alloc_quant_x_batch(cols, swar::W4A8, nb_max)
+                .expect("arena"),
+            ops.alloc_quant_x_batch(cols, swar::W8A16, nb_max)
+                .expect("arena"),
+        );
+        ops.quantize_x_batch(rx, &x8, nb_max).expect("quantize_x8");
+        ops.quantize_x_batch(rx, &x16, nb_max)
+            .expect("quantize_x16");
+        for nb in [1, nb_max] {
+            let batch = Batch {
+                n: nb,
+                y_stride: rows * 4,
+            };
+            for threads in [1, 2] {
+                ops.set_threads(threads);
+                let id =
+                    |op: &str| BenchmarkId::new(op, format!("{rows}x{cols}/nb{nb}/t{threads}"));
+                g.throughput(Throughput::Elements((rows * cols * nb) as u64));
+                g.bench_function(id("q24"), |b| {
+                    b.iter(|| {
+                        ops.matvec_batch(rw, rx, ry, cols, 0..rows, false, batch)
+                            .expect("BPF matvec")
+                    })
+                });
+                let mut want = vec![0i32; rows];
+                fixed::matvec(&w, &x[(nb - 1) * cols..nb * cols], 0..rows, &mut want);
+                let got = ops.arena.slice::<i32>(ry).unwrap();
+                assert_eq!(
+                    &got[(nb - 1) * rows..nb * rows],
+                    &want[..],
+                    "q24 batch: last vector vs twin"
+                );
+                for (name, m, xq) in [("w4a8", &r4, &x8), ("w8a16", &r8, &x16)] {
+                    g.bench_function(id(name), |b| {
+                        b.iter(|| {
+                            ops.swar_matvec_batch(m, xq, ry, 0..rows, false, batch)
+                                .expect("BPF SWAR matvec")
+                        })
+                    });
+                }
+            }
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, decode, dispatch, screened_head, kernels, batched);
 criterion_main!(benches);
