@@ -269,16 +269,7 @@ fn kernels(c: &mut Criterion) {
 
         // The SWAR kernels on the same shapes: weights ~N(0, 0.03) quantised group-wise,
         // activations quantised per 32-column block in BPF (once, outside the timing).
-        let wf: Vec<f32> = w
-            .iter()
-            .map(|&v| v as f32 / (1 << 24) as f32 * 0.6)
-            .collect();
-        let m4 = swar::quantize_int4(&wf, rows, cols).expect("int4 weights");
-        let m8 = swar::quantize_int8(&wf, rows, cols).expect("int8 weights");
-        let (r4, r8) = (
-            ops.upload_int4(&m4).expect("arena"),
-            ops.upload_int8(&m8).expect("arena"),
-        );
+        let (m4, m8, r4, r8) = swar_matrices(&mut ops, &w, rows, cols);
         let (x8, x16) = (
             ops.alloc_quant_x(cols, swar::W4A8).expect("arena"),
             ops.alloc_quant_x(cols, swar::W8A16).expect("arena"),
@@ -328,6 +319,32 @@ fn kernels(c: &mut Criterion) {
     g.finish();
 }
 
+/// The Q24 weights `w` (`rows × cols`) scaled to ~N(0, 0.03), quantised group-wise to W4 and
+/// W8, and both uploaded to the arena.
+fn swar_matrices(
+    ops: &mut Ops,
+    w: &[i32],
+    rows: usize,
+    cols: usize,
+) -> (
+    swar::Int4Matrix,
+    swar::Int8Matrix,
+    qwen_bpf::kernel::swar_ops::PackedRegions,
+    qwen_bpf::kernel::swar_ops::PackedRegions,
+) {
+    let wf: Vec<f32> = w
+        .iter()
+        .map(|&v| v as f32 / (1 << 24) as f32 * 0.6)
+        .collect();
+    let m4 = swar::quantize_int4(&wf, rows, cols).expect("int4 weights");
+    let m8 = swar::quantize_int8(&wf, rows, cols).expect("int8 weights");
+    let (r4, r8) = (
+        ops.upload_int4(&m4).expect("arena"),
+        ops.upload_int8(&m8).expect("arena"),
+    );
+    (m4, m8, r4, r8)
+}
+
 /// The `batched` group: each weight-bearing operator for 1 and for `PREFILL_BLOCK` vectors, on
 /// 1 and 2 threads; every result is checked against its twin once, outside the timing.
 fn batched(c: &mut Criterion) {
@@ -357,16 +374,7 @@ fn batched(c: &mut Criterion) {
             .arena
             .alloc(rows * 4 * nb_max, "y")
             .expect("arena space");
-        let wf: Vec<f32> = w
-            .iter()
-            .map(|&v| v as f32 / (1 << 24) as f32 * 0.6)
-            .collect();
-        let m4 = swar::quantize_int4(&wf, rows, cols).expect("int4 weights");
-        let m8 = swar::quantize_int8(&wf, rows, cols).expect("int8 weights");
-        let (r4, r8) = (
-            ops.upload_int4(&m4).expect("arena"),
-            ops.upload_int8(&m8).expect("arena"),
-        );
+        let (_, _, r4, r8) = swar_matrices(&mut ops, &w, rows, cols);
         let (x8, x16) = (
             ops.alloc_quant_x_batch(cols, swar::W4A8, nb_max)
                 .expect("arena"),
