@@ -140,6 +140,15 @@ fn batched_q24_matvec_and_gate_up_equal_their_twins_per_vector() {
     }
 }
 
+/// The packed words of whichever of the two matrices is in format `f`.
+fn rm_words<'a>(f: swar::Format, m4: &'a swar::Int4Matrix, m8: &'a swar::Int8Matrix) -> &'a [u64] {
+    if f == W4A8 {
+        m4.words()
+    } else {
+        m8.words()
+    }
+}
+
 #[test]
 fn batched_quantisation_and_swar_matvecs_equal_their_twins_per_vector() {
     let mut o = ops();
@@ -175,37 +184,66 @@ fn batched_quantisation_and_swar_matvecs_equal_their_twins_per_vector() {
                 f.name
             );
         }
-        let (ry, batch) = strided_y::<i32>(&mut o, rows, |_| vec![0; rows]);
-        o.swar_matvec_batch(&rm, &xq, ry, 0..rows, false, batch)
-            .unwrap();
-        let y0 = |b: usize| -> Vec<i64> {
-            (0..rows)
-                .map(|r| ((r as i64 - 30) << 30) - b as i64)
-                .collect()
-        };
-        let (rr, rbatch) = strided_y::<i64>(&mut o, rows, y0);
-        o.swar_matvec_batch(&rm, &xq, rr, 0..rows, true, rbatch)
-            .unwrap();
-        for b in 0..NB {
-            let (mut want, mut res) = (vec![0i32; rows], y0(b));
-            if f == W4A8 {
-                swar::matvec_quantized(&m4, &twin_q(b), 0..rows, &mut want);
-                swar::matvec_quantized_residual(&m4, &twin_q(b), 0..rows, &mut res);
-            } else {
-                swar::matvec_quantized(&m8, &twin_q(b), 0..rows, &mut want);
-                swar::matvec_quantized_residual(&m8, &twin_q(b), 0..rows, &mut res);
+        // the packed words read for every vector, then (scratch for k columns) unpacked once
+        // per row block: both must give the twin's integers
+        for unpacked in [false, true] {
+            let mode = if unpacked { "unpacked" } else { "packed" };
+            if unpacked {
+                o.alloc_unpack_scratch(k).unwrap();
             }
-            let what = format!("{} matvec vector {b}", f.name);
-            assert_eq!(
-                vector::<i32>(&o, ry, rows, b, &what),
-                want,
-                "{what}: BPF vs twin"
+            let (ry, batch) = strided_y::<i32>(&mut o, rows, |_| vec![0; rows]);
+            o.swar_matvec_batch(&rm, &xq, ry, 0..rows, false, batch)
+                .unwrap();
+            if unpacked {
+                // part 0 (the first half of the rows) left its last row block's unpacked words
+                let rpb = f.rows_per_block;
+                let (blk, words) = (rows / 2 / rpb - 1, rm_words(f, &m4, &m8));
+                let (cb, mask) = if f == W4A8 {
+                    (4, 0x000F_000F_000F_000Fu64)
+                } else {
+                    (8, 0x0000_00FF_0000_00FFu64)
+                };
+                let want: Vec<u64> = (0..k / 4)
+                    .flat_map(|q| (0..4).flat_map(move |c| (0..2).map(move |h| (q, c, h))))
+                    .map(|(q, c, h)| (words[(blk * k / 4 + q) * 2 + h] >> (cb * c)) & mask)
+                    .collect();
+                let scratch = o.unpack_scratch().expect("allocated above");
+                assert_eq!(
+                o.arena.slice::<u64>(scratch).unwrap()[..want.len()],
+                want[..],
+                "{}: the scratch holds part 0's last row block unpacked (the unpacked kernel ran)",
+                f.name
             );
-            assert_eq!(
-                vector::<i64>(&o, rr, rows, b, &what),
-                res,
-                "{what}, residual: BPF vs twin"
-            );
+            }
+            let y0 = |b: usize| -> Vec<i64> {
+                (0..rows)
+                    .map(|r| ((r as i64 - 30) << 30) - b as i64)
+                    .collect()
+            };
+            let (rr, rbatch) = strided_y::<i64>(&mut o, rows, y0);
+            o.swar_matvec_batch(&rm, &xq, rr, 0..rows, true, rbatch)
+                .unwrap();
+            for b in 0..NB {
+                let (mut want, mut res) = (vec![0i32; rows], y0(b));
+                if f == W4A8 {
+                    swar::matvec_quantized(&m4, &twin_q(b), 0..rows, &mut want);
+                    swar::matvec_quantized_residual(&m4, &twin_q(b), 0..rows, &mut res);
+                } else {
+                    swar::matvec_quantized(&m8, &twin_q(b), 0..rows, &mut want);
+                    swar::matvec_quantized_residual(&m8, &twin_q(b), 0..rows, &mut res);
+                }
+                let what = format!("{} matvec ({mode} words) vector {b}", f.name);
+                assert_eq!(
+                    vector::<i32>(&o, ry, rows, b, &what),
+                    want,
+                    "{what}: BPF vs twin"
+                );
+                assert_eq!(
+                    vector::<i64>(&o, rr, rows, b, &what),
+                    res,
+                    "{what}, residual: BPF vs twin"
+                );
+            }
         }
         assert_eq!(m4.rows(), rows);
     }

@@ -41,6 +41,10 @@ typedef __u64 u64;
 /* Arena pointers travel through the ctx as the user-space addresses of the mmap. */
 #define ARENA_PTR(type, addr) ((type __arena *)(u64)(addr))
 
+/* p as the verifier's arena pointer, for loads written as asm: clang casts an arena pointer only
+ * where C dereferences it. */
+#define ARENA_CAST(p) asm volatile("%[ptr] = addr_space_cast(%[ptr], 0, 1)" : [ptr] "+r"(p))
+
 /* for (int i = start; i < end; i++) as an open-coded iterator (bpf_for): the verifier checks the
  * body once, not once per iteration. start and end must not change inside the loop. */
 #define FOR(i, start, end) \

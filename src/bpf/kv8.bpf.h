@@ -183,9 +183,6 @@ __noinline u32 kv8_pack_queries(u64 qa, u64 qqa, u64 sha, u32 hd, u32 two)
 		KV8_MAC(a1, x, c1, d, t);                                               \
 		KV8_MAC(a2, x, c2, d, t);                                               \
 	} while (0)
-/* p as the verifier's arena pointer: clang casts an arena pointer only where C dereferences it,
- * and the loads above are asm */
-#define KV8_CAST(p) asm volatile("%[ptr] = addr_space_cast(%[ptr], 0, 1)" : [ptr] "+r"(p))
 
 /* dots[t] = sum_d QQ[d] * c_t[d] (mod 2^64) for t < n, key row t at ca + t * stride: both heads'
  * dot products with every key row (hd_n = hd | n << 32). Three rows per pass over QQ, so each
@@ -206,10 +203,10 @@ __noinline int kv8_dots(u64 qqa, u64 ca, u64 stride, u64 outa, u64 hd_n)
 		const s8 __arena *c2 = t + 2 < n ? c1 + stride : c0;
 		u64 a0 = 0, a1 = 0, a2 = 0, x, tmp;
 
-		KV8_CAST(q);
-		KV8_CAST(c0);
-		KV8_CAST(c1);
-		KV8_CAST(c2);
+		ARENA_CAST(q);
+		ARENA_CAST(c0);
+		ARENA_CAST(c1);
+		ARENA_CAST(c2);
 		for (u32 j = 0; j < octs && can_loop; j++) {
 			KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, 0, 0, tmp);
 			KV8_DOT_COL(a0, a1, a2, x, q, c0, c1, c2, 8, 1, tmp);
@@ -257,8 +254,8 @@ __noinline int kv8_axpys(u64 acca, u64 wa, u64 ca, u64 stride, u64 hd_n)
 		const s8 __arena *c = ARENA_PTR(const s8, ca + d);
 		u64 a0 = acc[d], a1 = acc[d + 1], a2 = acc[d + 2], a3 = acc[d + 3], x, tmp;
 
-		KV8_CAST(w);
-		KV8_CAST(c);
+		ARENA_CAST(w);
+		ARENA_CAST(c);
 
 		for (u32 t = 0; t < pairs && can_loop; t++) {
 			KV8_LOAD(x, w, 0);
@@ -292,8 +289,8 @@ __noinline int kv8_axpys(u64 acca, u64 wa, u64 ca, u64 stride, u64 hd_n)
 		const s8 __arena *c = ARENA_PTR(const s8, ca + d);
 		u64 a0 = acc[d], x, tmp;
 
-		KV8_CAST(w);
-		KV8_CAST(c);
+		ARENA_CAST(w);
+		ARENA_CAST(c);
 
 		for (u32 t = 0; t < n && can_loop; t++) {
 			KV8_LOAD(x, w, 0);

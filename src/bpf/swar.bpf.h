@@ -89,6 +89,24 @@
 		SW_MAC(a1, v1, sh3, m, x3, t1);                                         \
 	} while (0)
 
+/* The same two multiply-adds for column j (a literal, 0..31) of a group from unpacked words
+ * (swar_unpack): x = xq[j], a0 += u[2 j] * x, a1 += u[2 j + 1] * x, as seven BPF instructions,
+ * all operands in registers: the batched kernels' inner step. */
+#define SW_UMAC2(a0, a1, up, xp, j, xv, t0, t1)                                        \
+	asm("%[xv] = *(u64 *)(%[xpp] + %[xo])\n\t"                                       \
+	    "%[ta] = *(u64 *)(%[upp] + %[uo])\n\t%[ta] *= %[xv]\n\t%[aa] += %[ta]\n\t"      \
+	    "%[tb] = *(u64 *)(%[upp] + %[vo])\n\t%[tb] *= %[xv]\n\t%[ab] += %[tb]"          \
+	    : [aa] "+r"(a0), [ab] "+r"(a1), [xv] "=&r"(xv), [ta] "=&r"(t0), [tb] "=&r"(t1)   \
+	    : [xpp] "r"(xp), [upp] "r"(up), [xo] "i"(8 * (j)), [uo] "i"(16 * (j)),         \
+	      [vo] "i"(16 * (j) + 8))
+#define SW_UQUAD(a0, a1, up, xp, q, xv, t0, t1)                                        \
+	do {                                                                            \
+		SW_UMAC2(a0, a1, up, xp, 4 * (q), xv, t0, t1);                          \
+		SW_UMAC2(a0, a1, up, xp, 4 * (q) + 1, xv, t0, t1);                      \
+		SW_UMAC2(a0, a1, up, xp, 4 * (q) + 2, xv, t0, t1);                      \
+		SW_UMAC2(a0, a1, up, xp, 4 * (q) + 3, xv, t0, t1);                      \
+	} while (0)
+
 struct swar_xblock {
 	s64 sum;   /* sum of the block's quantised activations */
 	s64 shift; /* e: x ~= xq << e, Q16 units, 0..25 */
@@ -186,7 +204,12 @@ struct swar_mv_args {
 	u32 nb;      /* vectors, 1..LIM_BATCH_MAX (the LM head: 1): x b at xq + b * SW_XQ_BYTES(k) */
 	s64 best_val; /* LM head out: its logit, Q16 */
 	u64 ystride; /* bytes between the vectors of y */
+	u64 unpack;  /* nb > 1: this part's scratch of SW_UNPACK_BYTES(k) for the unpacked row
+		      * block (swar_unpack), or 0 to read the packed words for every vector */
 };
+
+/* Bytes of one row block's unpacked words: k / 4 word pairs, four columns each. */
+#define SW_UNPACK_BYTES(k) ((u64)(k) * 16)
 
 /* Digit l of a decoded group word with `lanes` lanes of `bits` bits (see the algebra above):
  * the top lane is read signed, the others lifted by 2^(bits-1). l, lanes and bits are
@@ -217,12 +240,36 @@ static __always_inline s64 finish_row(u64 acc, u64 ya, int l, u32 mode)
 	return (s64)v * 8 + (7 - l);
 }
 
+/* A row block's words unpacked once for a batch: u[(4 q + c) * 2 + h] = (w[q][h] >> c * cb) & m
+ * (cb = 4 with W4's mask, 8 with W8's), the very lane words that SW_MAC forms for column 4q + c,
+ * so that the batched kernels spend no shift or mask per vector. wa = the block's [k/4][2]
+ * words, ua = SW_UNPACK_BYTES(k) of scratch. k / 4 <= 4096 iterations. */
+__noinline int swar_unpack(u64 wa, u64 ua, u32 k, u32 w8)
+{
+	const u64 __arena *w = ARENA_PTR(const u64, wa);
+	u64 __arena *u = ARENA_PTR(u64, ua);
+	u64 m = w8 ? SW8_MASK : SW4_MASK, cb = w8 ? 8 : 4;
+
+	for (u32 q = 0; q < k / 4 && can_loop; q++) {
+		u64 v0 = w[2 * q], v1 = w[2 * q + 1];
+
+#pragma unroll
+		for (int c = 0; c < 4; c++) {
+			u[8 * q + 2 * c] = (v0 >> (cb * c)) & m;
+			u[8 * q + 2 * c + 1] = (v1 >> (cb * c)) & m;
+		}
+	}
+	return 0;
+}
+
 /* One row block times quantised x: w8 = 0 for eight rows of W4 (four 16-bit lanes per word,
  * bias 8), 1 for four rows of W8 (two 32-bit lanes, bias 128), a compile-time constant. wa = the
- * block's [k/4][2] words, sa = its [k/32][rows] scales, xqa = the quantised activations,
- * ya = &y[first row] or 0, k_mode = k | mode << 32. Returns the block's best row as finish_row
- * packs it. */
-static __always_inline s64 swar_rows(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode, const int w8)
+ * block's [k/4][2] words, or with `unpacked` its swar_unpack scratch, sa = its [k/32][rows]
+ * scales, xqa = the quantised activations, ya = &y[first row] or 0, k_mode = k | mode << 32.
+ * Both forms add the same products in the same order. Returns the block's best row as
+ * finish_row packs it. */
+static __always_inline s64 swar_rows(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode, const int w8,
+				     const int unpacked)
 {
 	const int lanes = w8 ? 2 : 4, bits = w8 ? 32 : 16, rows = 2 * lanes;
 	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
@@ -240,12 +287,29 @@ static __always_inline s64 swar_rows(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode
 		u64 a0 = 0, a1 = 0; /* the block's first and second half of rows, one lane each */
 		u64 kx, e;
 
+		if (unpacked) {
+			const u64 __arena *up = ARENA_PTR(const u64, wa) + g * 64;
+			const s64 __arena *xp = x;
+			u64 xv, t0, t1;
+
+			ARENA_CAST(up);
+			ARENA_CAST(xp);
+			SW_UQUAD(a0, a1, up, xp, 0, xv, t0, t1);
+			SW_UQUAD(a0, a1, up, xp, 1, xv, t0, t1);
+			SW_UQUAD(a0, a1, up, xp, 2, xv, t0, t1);
+			SW_UQUAD(a0, a1, up, xp, 3, xv, t0, t1);
+			SW_UQUAD(a0, a1, up, xp, 4, xv, t0, t1);
+			SW_UQUAD(a0, a1, up, xp, 5, xv, t0, t1);
+			SW_UQUAD(a0, a1, up, xp, 6, xv, t0, t1);
+			SW_UQUAD(a0, a1, up, xp, 7, xv, t0, t1);
+		} else {
 #pragma unroll
-		for (int q = 0; q < 8; q++) {
-			if (w8)
-				SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 8, 16, 24);
-			else
-				SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 4, 8, 12);
+			for (int q = 0; q < 8; q++) {
+				if (w8)
+					SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 8, 16, 24);
+				else
+					SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 4, 8, 12);
+			}
 		}
 		/* A + kx: remove the weights' bias (bias * S per lane), lift the lower lanes by half
 		 * their range */
@@ -278,13 +342,25 @@ static __always_inline s64 swar_rows(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode
  * k_mode. */
 __noinline s64 w4a8_rows8(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 {
-	return swar_rows(wa, sa, xqa, ya, k_mode, 0);
+	return swar_rows(wa, sa, xqa, ya, k_mode, 0, 0);
 }
 
 /* Four rows of W8 (swar_rows), a global function like w4a8_rows8. */
 __noinline s64 w8a16_rows4(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 {
-	return swar_rows(wa, sa, xqa, ya, k_mode, 1);
+	return swar_rows(wa, sa, xqa, ya, k_mode, 1, 0);
+}
+
+/* w4a8_rows8 from the block's unpacked words (ua, see swar_unpack). */
+__noinline s64 w4a8_rows8_unpacked(u64 ua, u64 sa, u64 xqa, u64 ya, u64 k_mode)
+{
+	return swar_rows(ua, sa, xqa, ya, k_mode, 0, 1);
+}
+
+/* w8a16_rows4 from the block's unpacked words (ua, see swar_unpack). */
+__noinline s64 w8a16_rows4_unpacked(u64 ua, u64 sa, u64 xqa, u64 ya, u64 k_mode)
+{
+	return swar_rows(ua, sa, xqa, ya, k_mode, 1, 1);
 }
 
 struct swar_ctx {
@@ -292,6 +368,7 @@ struct swar_ctx {
 	u64 wstride, sstride; /* bytes of words and of scales per row block */
 	u64 ysize;            /* bytes per y element: 8 for the residual stream, else 4 */
 	u64 xqstride, ystride; /* bytes between the vectors of xq and of y */
+	u64 unpack;            /* the unpacked row block's scratch, or 0 */
 	u32 k, block0, mode, best, nb, pad;
 	s64 best_val;
 };
@@ -308,19 +385,30 @@ static __always_inline void keep_best(struct swar_ctx *c, s64 packed, u32 rows_p
 }
 
 /* Row block i times each of the nb vectors in turn: the block's words and scales stay in the L1
- * cache, so that a prefill block reads them from memory once. w8 selects the W8 kernel (four
- * rows per block) over the W4 one (eight), a compile-time constant. */
+ * cache, so that a prefill block reads them from memory once, and with scratch (c->unpack) they
+ * are unpacked once for all the vectors. w8 selects the W8 kernel (four rows per block) over the
+ * W4 one (eight), a compile-time constant. */
 static __always_inline long swar_block(u64 i, struct swar_ctx *c, const int w8)
 {
 	const u32 rpb = w8 ? 4 : 8;
 	u64 blk = c->block0 + i;
+	u64 wa = c->w + blk * c->wstride, sa = c->s + blk * c->sstride;
+	u64 ua = c->nb > 1 ? c->unpack : 0;
 
+	if (ua)
+		swar_unpack(wa, ua, c->k, w8);
 	for (u32 b = 0; b < c->nb && can_loop; b++) { /* nb <= LIM_BATCH_MAX */
-		u64 wa = c->w + blk * c->wstride, sa = c->s + blk * c->sstride;
 		u64 xqa = c->xq + b * c->xqstride;
 		u64 ya = c->y ? c->y + b * c->ystride + blk * rpb * c->ysize : 0;
 		u64 k_mode = c->k | (u64)c->mode << 32;
-		s64 p = w8 ? w8a16_rows4(wa, sa, xqa, ya, k_mode) : w4a8_rows8(wa, sa, xqa, ya, k_mode);
+		s64 p;
+
+		if (ua)
+			p = w8 ? w8a16_rows4_unpacked(ua, sa, xqa, ya, k_mode)
+			       : w4a8_rows8_unpacked(ua, sa, xqa, ya, k_mode);
+		else
+			p = w8 ? w8a16_rows4(wa, sa, xqa, ya, k_mode)
+			       : w4a8_rows8(wa, sa, xqa, ya, k_mode);
 
 		if (c->mode == SW_MODE_ARGMAX)
 			keep_best(c, p, rpb, blk);
@@ -350,7 +438,7 @@ static __always_inline int swar_run(struct swar_mv_args *a, u32 rpb, int w8, int
 		.k = k, .block0 = row0 / rpb, .best = row0, .best_val = -ACT_MAX - 1,
 		.mode = argmax ? SW_MODE_ARGMAX : (a->accumulate ? SW_MODE_ACCUMULATE : SW_MODE_STORE),
 		.ysize = !argmax && a->accumulate ? 8 : 4,
-		.nb = a->nb, .xqstride = SW_XQ_BYTES(k), .ystride = a->ystride,
+		.nb = a->nb, .xqstride = SW_XQ_BYTES(k), .ystride = a->ystride, .unpack = a->unpack,
 	};
 	long ret;
 

@@ -49,6 +49,9 @@ pub struct Ops {
     recording: Option<Vec<Entry>>,
     /// The per-token fields and head fields of the next run (set by the operator methods).
     pub(super) pending: (Vec<Patch>, Option<HeadFields>),
+    /// Scratch for the batched SWAR kernels' unpacked row blocks and the most columns it serves
+    /// (see [`Ops::alloc_unpack_scratch`]).
+    pub(super) unpack: Option<(Region, usize)>,
 }
 
 /// Operators with at least this many multiply-adds are split across threads (see
@@ -242,6 +245,7 @@ impl Ops {
             tokens,
             recording: None,
             pending: (Vec::new(), None),
+            unpack: None,
         })
     }
 
@@ -257,7 +261,7 @@ impl Ops {
 
     /// How many threads large row-parallel operators are split across (default 1).
     pub fn set_threads(&mut self, threads: usize) {
-        self.threads = threads.clamp(1, 8);
+        self.threads = threads.clamp(1, crate::plan::THREADS_MAX);
     }
 
     /// The multiply-adds from which an operator is split across threads (default

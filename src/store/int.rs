@@ -17,7 +17,9 @@ use crate::checkpoint::tensor_specs;
 use crate::fixed::{self, Q_NORM, Q_W};
 use crate::kernel::arena::Region;
 use crate::kernel::ops::{Batch, Ops, Rows};
-use crate::kernel::swar_ops::{ExactHead, PackedRegions, QuantXRegion, ScreenResult};
+use crate::kernel::swar_ops::{
+    unpack_scratch_bytes, ExactHead, PackedRegions, QuantXRegion, ScreenResult,
+};
 use crate::screen::{Screen, ScreenedHead};
 use crate::swar::{self, Format, PackedMatrix, W4A8, W8A16};
 use crate::{Checkpoint, Config, Result};
@@ -334,6 +336,12 @@ impl IntStore {
         })
     }
 
+    /// The most columns of any matrix.
+    fn k_max(&self) -> usize {
+        let c = &self.cfg;
+        c.hidden_size.max(c.intermediate_size).max(c.q_dim())
+    }
+
     /// The quantised-activation buffer for the columns and format of `m`, after quantising the
     /// `n` vectors of `x` into it.
     fn quantize(
@@ -372,11 +380,15 @@ impl WeightStore for IntStore {
         let c = &self.cfg;
         // every context's buffers hold one vector, the first context's a prefill block
         let vectors = self.contexts - 1 + super::PREFILL_BLOCK;
+        let unpack = match super::PREFILL_BLOCK > 1 {
+            true => unpack_scratch_bytes(self.k_max()) + 4096,
+            false => 0,
+        };
         let scratch = vectors
-            * (5 * swar::QuantX::bytes(c.hidden_size.max(c.intermediate_size).max(c.q_dim()))
-                + 2 * c.intermediate_size * 4)
+            * (5 * swar::QuantX::bytes(self.k_max()) + 2 * c.intermediate_size * 4)
             + self.contexts * 5 * 4096
-            + c.hidden_size * 4;
+            + c.hidden_size * 4
+            + unpack;
         self.cache.header.payload_bytes - embed
             + scratch
             + 4096 * (self.cache.header.tensors.len() + 16)
@@ -473,6 +485,9 @@ impl WeightStore for IntStore {
                 .arena
                 .alloc(n * 2 * c.intermediate_size * 4, "gate/up outputs")?;
             self.scratch_sets.push((xq, out));
+        }
+        if super::PREFILL_BLOCK > 1 {
+            ops.alloc_unpack_scratch(self.k_max())?;
         }
         self.set_context(0);
         self.embed_row = ops.arena.alloc(c.hidden_size * 4, "embedding row")?;
