@@ -264,22 +264,86 @@ static __always_inline int q24_cols_ok(u32 k)
 	return k != 0 && k % LIM_Q24_COLS_ALIGN == 0 && k <= LIM_COLS_MAX;
 }
 
+/* The Q24 dot products below, column j (a literal) of a step of 8: a0 += w0[j] * x[j] and
+ * a1 += w1[j] * x[j] (Q24_MAC2: x loaded once for both rows), or a0 += w0[j] * x[j] (Q24_MAC1),
+ * all s32 loaded with sign extension. Written as asm, as SW_MAC in swar.bpf.h, because clang
+ * re-associates the unrolled sums into trees and spills them: 5.8 BPF instructions per multiply
+ * in rows2_q24 as C, 3.5 plus the loop's as asm. */
+#define Q24_MAC2(a0, a1, w0, w1, x, j, xv, t)                                          \
+	asm("%[xv] = *(s32 *)(%[xp] + %[o])\n\t"                                         \
+	    "%[tt] = *(s32 *)(%[w0p] + %[o])\n\t%[tt] *= %[xv]\n\t%[aa] += %[tt]\n\t"     \
+	    "%[tt] = *(s32 *)(%[w1p] + %[o])\n\t%[tt] *= %[xv]\n\t%[ab] += %[tt]"          \
+	    : [aa] "+r"(a0), [ab] "+r"(a1), [xv] "=&r"(xv), [tt] "=&r"(t)                 \
+	    : [xp] "r"(x), [w0p] "r"(w0), [w1p] "r"(w1), [o] "i"(4 * (j)))
+#define Q24_MAC1(a0, w0, x, j, xv, t)                                                  \
+	asm("%[xv] = *(s32 *)(%[xp] + %[o])\n\t"                                         \
+	    "%[tt] = *(s32 *)(%[w0p] + %[o])\n\t%[tt] *= %[xv]\n\t%[aa] += %[tt]"          \
+	    : [aa] "+r"(a0), [xv] "=&r"(xv), [tt] "=&r"(t)                                \
+	    : [xp] "r"(x), [w0p] "r"(w0), [o] "i"(4 * (j)))
+
+/* a[0] = w0 . x and a[1] = w1 . x over k columns (a multiple of 8), Q24 x Q16 -> Q40, sharing
+ * each load of x, 8 columns per step (a products mod 2^64, as the twin's wrapping sums). */
+static __always_inline void dot2_q24_inline(u64 w0a, u64 w1a, u64 xa, u32 k, s64 *a)
+{
+	const s32 __arena *w0 = ARENA_PTR(const s32, w0a);
+	const s32 __arena *w1 = ARENA_PTR(const s32, w1a);
+	const s32 __arena *x = ARENA_PTR(const s32, xa);
+	s64 a0 = 0, a1 = 0, xv, t;
+
+	ARENA_CAST(w0);
+	ARENA_CAST(w1);
+	ARENA_CAST(x);
+	for (u32 b = 0; b < k / LIM_Q24_COLS_ALIGN && can_loop; b++) {
+		Q24_MAC2(a0, a1, w0, w1, x, 0, xv, t);
+		Q24_MAC2(a0, a1, w0, w1, x, 1, xv, t);
+		Q24_MAC2(a0, a1, w0, w1, x, 2, xv, t);
+		Q24_MAC2(a0, a1, w0, w1, x, 3, xv, t);
+		Q24_MAC2(a0, a1, w0, w1, x, 4, xv, t);
+		Q24_MAC2(a0, a1, w0, w1, x, 5, xv, t);
+		Q24_MAC2(a0, a1, w0, w1, x, 6, xv, t);
+		Q24_MAC2(a0, a1, w0, w1, x, 7, xv, t);
+		w0 += 8;
+		w1 += 8;
+		x += 8;
+	}
+	a[0] = a0;
+	a[1] = a1;
+}
+
 /* sum_j w[j] * x[j] over k columns, Q24 x Q16 -> Q40, 8 columns per step. A global function:
  * the verifier checks it once, on its own, not at every call site. */
 __noinline s64 dot_q24(u64 wa, u64 xa, u32 k)
 {
 	const s32 __arena *w = ARENA_PTR(const s32, wa);
 	const s32 __arena *x = ARENA_PTR(const s32, xa);
-	s64 acc = 0;
+	s64 acc = 0, xv, t;
 
+	ARENA_CAST(w);
+	ARENA_CAST(x);
 	for (u32 b = 0; b < k / LIM_Q24_COLS_ALIGN && can_loop; b++) {
-#pragma unroll
-		for (int j = 0; j < 8; j++)
-			acc += (s64)w[j] * x[j];
+		Q24_MAC1(acc, w, x, 0, xv, t);
+		Q24_MAC1(acc, w, x, 1, xv, t);
+		Q24_MAC1(acc, w, x, 2, xv, t);
+		Q24_MAC1(acc, w, x, 3, xv, t);
+		Q24_MAC1(acc, w, x, 4, xv, t);
+		Q24_MAC1(acc, w, x, 5, xv, t);
+		Q24_MAC1(acc, w, x, 6, xv, t);
+		Q24_MAC1(acc, w, x, 7, xv, t);
 		w += 8;
 		x += 8;
 	}
 	return acc;
+}
+
+/* Two rows' dot products with one x (dot2_q24_inline) as a global function, into out. */
+struct dot2 {
+	s64 a[2];
+};
+
+__noinline int dot2_q24(u64 w0a, u64 w1a, u64 xa, u32 k, struct dot2 *out __arg_nonnull)
+{
+	dot2_q24_inline(w0a, w1a, xa, k, out->a);
+	return 0;
 }
 
 /* Row loops run as bpf_loop callbacks: the verifier checks a callback once, with its ctx fields
@@ -324,25 +388,11 @@ static __always_inline s64 finish_q24(s64 d, u64 ya, u32 mode, u32 l)
 __noinline s64 rows2_q24(u64 wa, u64 xa, u64 ya, u64 k_mode)
 {
 	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
-	const s32 __arena *w0 = ARENA_PTR(const s32, wa);
-	const s32 __arena *w1 = ARENA_PTR(const s32, wa + (u64)k * 4);
-	const s32 __arena *x = ARENA_PTR(const s32, xa);
-	s64 acc0 = 0, acc1 = 0, p0, p1;
+	s64 acc[2], p0, p1;
 
-	for (u32 b = 0; b < k / LIM_Q24_COLS_ALIGN && can_loop; b++) {
-#pragma unroll
-		for (int j = 0; j < 8; j++) {
-			s64 xj = x[j];
-
-			acc0 += (s64)w0[j] * xj;
-			acc1 += (s64)w1[j] * xj;
-		}
-		w0 += 8;
-		w1 += 8;
-		x += 8;
-	}
-	p0 = finish_q24(acc0, ya, mode, 0);
-	p1 = finish_q24(acc1, ya, mode, 1);
+	dot2_q24_inline(wa, wa + (u64)k * 4, xa, k, acc);
+	p0 = finish_q24(acc[0], ya, mode, 0);
+	p1 = finish_q24(acc[1], ya, mode, 1);
 	return p0 > p1 ? p0 : p1;
 }
 
@@ -399,7 +449,8 @@ struct gate_up_args {
 	u64 ystride;  /* bytes between the vectors of y */
 };
 
-/* Row i of both projections times each of the nb vectors (the rows stay cached, as rows_pair). */
+/* Row i of both projections times each of the nb vectors, sharing each load of x (the rows stay
+ * cached, as rows_pair). */
 static long gate_up_row(u64 i, struct row_ctx *c)
 {
 	u32 r = c->row0 + (u32)i;
@@ -407,8 +458,12 @@ static long gate_up_row(u64 i, struct row_ctx *c)
 	for (u32 b = 0; b < c->nb && can_loop; b++) { /* nb <= LIM_BATCH_MAX */
 		u64 xa = c->x + (u64)b * c->k * 4;
 		s32 __arena *y = ARENA_PTR(s32, c->y + b * c->ystride + (u64)r * 4);
-		s32 g = sat32(rshr(dot_q24(c->w + i * c->stride, xa, c->k), Q_W));
-		s32 u = sat32(rshr(dot_q24(c->w2 + i * c->stride, xa, c->k), Q_W));
+		struct dot2 d = {};
+		s32 g, u;
+
+		dot2_q24(c->w + i * c->stride, c->w2 + i * c->stride, xa, c->k, &d);
+		g = sat32(rshr(d.a[0], Q_W));
+		u = sat32(rshr(d.a[1], Q_W));
 
 		*y = swiglu(g, u, ARENA_PTR(const u32, c->tab));
 	}
