@@ -30,6 +30,10 @@
 //!   the second core are read as ratios within one run (`elem/s` is MAC/s):
 //!   `cargo bench --bench decode -- batched`.
 //!
+//! * `threads`: the rest of the step on one and on two threads: one layer's attention at
+//!   position 4,095 (Q16 and int8 caches), the embedding row and the LM head argmax (Q24 and
+//!   W8A16) at the 0.6B shape: `cargo bench --bench decode -- threads`.
+//!
 //! Needs root (or CAP_BPF + CAP_PERFMON). Sample sizes are small so that the run takes a few
 //! minutes on two cores.
 
@@ -346,8 +350,9 @@ fn swar_matrices(
 }
 
 /// The `batched` group: each weight-bearing operator for 1 and for `PREFILL_BLOCK` vectors, on
-/// 1 and 2 threads; the last vector's result is checked against its twin outside the timing
-/// (Q24 in every configuration, the SWAR kernels for the whole block).
+/// 1 and 2 threads, the block's SWAR kernels both with each row block unpacked once (the model's
+/// path) and from the packed words (`_packed`); the last vector's result is checked against its
+/// twin outside the timing (Q24 in every configuration, the SWAR kernels for the whole block).
 fn batched(c: &mut Criterion) {
     if !selected("batched") {
         return;
@@ -357,7 +362,10 @@ fn batched(c: &mut Criterion) {
         .iter()
         .map(|&(r, k)| (r * k + (k + r) * nb_max) * 4 * 2 + 2 * nb_max * swar::QuantX::bytes(k))
         .sum();
+    let k_max = SHAPES.iter().map(|&(_, k)| k).max().unwrap_or(32);
+    let bytes = bytes + qwen_bpf::kernel::swar_ops::unpack_scratch_bytes(k_max);
     let mut ops = Ops::load(bytes).expect("loading the operator programs (needs root / CAP_BPF)");
+    ops.alloc_unpack_scratch(k_max).expect("arena");
     let mut g = c.benchmark_group("batched");
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
@@ -413,9 +421,18 @@ fn batched(c: &mut Criterion) {
                     &want[..],
                     "q24 batch: last vector vs twin"
                 );
-                for (name, m, xq, twin) in
-                    [("w4a8", &r4, &x8, &want4), ("w8a16", &r8, &x16, &want8)]
-                {
+                // a block's SWAR kernels unpack each row block once (the model's path), or
+                // read the packed words for every vector ("_packed")
+                let mut swar = vec![
+                    ("w4a8", &r4, &x8, &want4, true),
+                    ("w8a16", &r8, &x16, &want8, true),
+                ];
+                if nb > 1 {
+                    swar.push(("w4a8_packed", &r4, &x8, &want4, false));
+                    swar.push(("w8a16_packed", &r8, &x16, &want8, false));
+                }
+                for (name, m, xq, twin, unpack) in swar {
+                    ops.set_unpacking(unpack);
                     g.bench_function(id(name), |b| {
                         b.iter(|| {
                             ops.swar_matvec_batch(m, xq, ry, 0..rows, false, batch)
@@ -437,5 +454,174 @@ fn batched(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, decode, dispatch, screened_head, kernels, batched);
+/// Attention shape of the `threads` group: Qwen3-0.6B's heads at `THREADS_DEPTH` positions.
+const THREADS_SHAPE: fixed::AttnShape = fixed::AttnShape {
+    n_q: 16,
+    n_kv: 8,
+    hd: 128,
+    max_ctx: 4096,
+};
+/// The position attended at in the `threads` group (the cache full).
+const THREADS_DEPTH: usize = 4095;
+/// Rows and columns of the LM head in the `threads` group (Qwen3-0.6B's).
+const HEAD: (usize, usize) = (151_936, 1024);
+
+/// The `threads` group: the operators the `batched` group leaves out, on one and on two
+/// threads at the 0.6B shape: one layer's attention at position 4,095 over the Q16 and the
+/// int8 cache (kv heads split across the threads), the embedding row (one copy, never split),
+/// and the LM head argmax over all 151,936 rows in Q24 and in W8A16 (rows split). The caches and
+/// weights hold random values: these kernels cost the same whatever they hold.
+fn threads(c: &mut Criterion) {
+    if !selected("threads") {
+        return;
+    }
+    let s = THREADS_SHAPE;
+    let (kvd, pairs) = (
+        s.n_kv * s.hd,
+        qwen_bpf::kernel::ops::kv8_pairs(s.n_q, s.n_kv),
+    );
+    let (rows, cols) = HEAD;
+    let bytes = 2 * s.max_ctx * kvd * 4
+        + 2 * s.max_ctx * (kvd + s.n_kv * 4)
+        + s.n_q * s.max_ctx * 4
+        + pairs * s.max_ctx * 8
+        + rows * cols * 5
+        + (64 << 20);
+    let mut ops = Ops::load(bytes).expect("loading the operator programs (needs root / CAP_BPF)");
+    ops.set_par_min_macs(0);
+    let put = |ops: &mut Ops, data: &[i32], what: &str| -> Region {
+        let r = ops.arena.alloc(data.len() * 4, what).expect("arena space");
+        ops.arena.slice_mut::<i32>(r).unwrap().copy_from_slice(data);
+        r
+    };
+    let exp2 = ops.arena.alloc(257 * 4, "exp2").expect("arena");
+    ops.arena
+        .slice_mut::<u32>(exp2)
+        .unwrap()
+        .copy_from_slice(&fixed::exp2_table());
+    let q = put(&mut ops, &random_vec(31, s.n_q * s.hd, 1 << 20), "q");
+    let k = put(&mut ops, &random_vec(32, kvd, 1 << 17), "k");
+    let v = put(&mut ops, &random_vec(33, kvd, 1 << 17), "v");
+    let q16 = qwen_bpf::kernel::ops::AttentionBuffers {
+        q,
+        k,
+        v,
+        k_cache: put(&mut ops, &random_vec(34, s.max_ctx * kvd, 1 << 17), "K"),
+        v_cache: put(&mut ops, &random_vec(35, s.max_ctx * kvd, 1 << 17), "V"),
+        probs: ops
+            .arena
+            .alloc(s.n_q * s.max_ctx * 4, "probs")
+            .expect("arena"),
+        acc: ops.arena.alloc(s.n_q * s.hd * 8, "acc").expect("arena"),
+        out: ops.arena.alloc(s.n_q * s.hd * 4, "out").expect("arena"),
+        exp2,
+    };
+    // int8 codes and steps as random words (any byte is a code; steps kept small)
+    let codes = |ops: &mut Ops, seed: u64| {
+        put(
+            ops,
+            &random_vec(seed, s.max_ctx * kvd / 4, 1 << 30),
+            "codes",
+        )
+    };
+    let steps = |ops: &mut Ops, seed: u64| {
+        put(
+            ops,
+            &random_vec(seed, s.max_ctx * s.n_kv, 1 << 12)
+                .iter()
+                .map(|v| v.abs())
+                .collect::<Vec<_>>(),
+            "steps",
+        )
+    };
+    let i8b = qwen_bpf::kernel::ops::AttentionI8Buffers {
+        q,
+        k,
+        v,
+        k_codes: codes(&mut ops, 36),
+        k_steps: steps(&mut ops, 37),
+        v_codes: codes(&mut ops, 38),
+        v_steps: steps(&mut ops, 39),
+        probs: q16.probs,
+        wv: ops.arena.alloc(pairs * s.max_ctx * 8, "wv").expect("arena"),
+        qq: ops.arena.alloc(pairs * s.hd * 8, "qq").expect("arena"),
+        acc: ops.arena.alloc(pairs * s.hd * 8, "acc8").expect("arena"),
+        out: q16.out,
+        exp2,
+        ksh: ops.arena.alloc(s.hd, "ksh").expect("arena"),
+    };
+    let table = put(
+        &mut ops,
+        &random_vec(40, 64 * cols, 1 << 22),
+        "embedding rows",
+    );
+    let x = put(&mut ops, &random_vec(41, cols, 1 << 18), "x");
+    let w = put(&mut ops, &random_vec(42, rows * cols, 1 << 20), "Q24 head");
+    // a W8 head of arbitrary weights in -1..1 (the kernel's cost does not depend on them)
+    let wf: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 2654435761) % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    let r8 = ops
+        .upload_int8(&swar::quantize_int8(&wf, rows, cols).expect("int8 head"))
+        .expect("arena");
+    drop(wf);
+    let x16 = ops.alloc_quant_x(cols, swar::W8A16).expect("arena");
+    ops.quantize_x(x, &x16).expect("quantize_x16");
+    let scale = fixed::attn_scale_q22(s.hd);
+    let mut g = c.benchmark_group("threads");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    let mut heads = Vec::new();
+    for t in [1, 2] {
+        ops.set_threads(t);
+        let id = |op: &str| BenchmarkId::new(op, format!("t{t}"));
+        g.throughput(Throughput::Elements(
+            (2 * (THREADS_DEPTH + 1) * s.n_q * s.hd) as u64,
+        ));
+        g.bench_function(id("attention_q16/pos4095"), |b| {
+            b.iter(|| {
+                ops.attention(&q16, THREADS_DEPTH, s, scale)
+                    .expect("attention")
+            })
+        });
+        g.bench_function(id("attention_i8/pos4095"), |b| {
+            b.iter(|| {
+                ops.attention_i8(&i8b, THREADS_DEPTH, s, scale)
+                    .expect("attention_i8")
+            })
+        });
+        g.throughput(Throughput::Elements(cols as u64));
+        g.bench_function(id("embed"), |b| {
+            b.iter(|| ops.embed(table, black_box(7), cols, x).expect("embed"))
+        });
+        g.throughput(Throughput::Elements((rows * cols) as u64));
+        let mut best = (0, 0);
+        g.bench_function(id("lm_head_q24"), |b| {
+            b.iter(|| best = ops.lm_head_argmax(w, x, None, cols, 0..rows).expect("head"))
+        });
+        let mut best8 = (0, 0);
+        g.bench_function(id("lm_head_w8a16"), |b| {
+            b.iter(|| {
+                best8 = ops
+                    .swar_lm_head_argmax(&r8, &x16, None, 0..rows)
+                    .expect("head")
+            })
+        });
+        heads.push((best, best8));
+    }
+    g.finish();
+    // the split heads find the argmax the one-thread heads do
+    assert_eq!(heads[0], heads[1], "LM head argmax: 1 thread vs 2");
+}
+
+criterion_group!(
+    benches,
+    decode,
+    dispatch,
+    screened_head,
+    kernels,
+    batched,
+    threads
+);
 criterion_main!(benches);

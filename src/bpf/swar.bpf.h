@@ -57,37 +57,32 @@
 #define SW8_ONES 0x0000000100000001ULL
 #define SW8_HALF 0x0000000080000000ULL  /* 2^31 in lane 0 */
 
-/* The multiply-add of one column into one lane accumulator: a += ((v >> sh) & m) * x (sh a
- * literal; SW_MAC0 for sh == 0), as exactly five BPF instructions (four). Written as asm because
- * clang emits two or three more per column for the same C (copies of x, re-materialised masks)
- * and, left free to re-associate, turns the sums into trees whose partial products overflow the
- * 512-byte stack. W4A8 measured 9.2 GMAC/s in C with a register barrier every four columns and
- * 9.8 with these. m must be a register (see the kernels' `asm volatile("" : "+r"(m))`). */
-#define SW_MAC(a, v, sh, m, x, t)                                                      \
-	asm("%[tmp] = %[wv]\n\t%[tmp] >>= " #sh "\n\t%[tmp] &= %[msk]\n\t"                  \
-	    "%[tmp] *= %[xv]\n\t%[acc] += %[tmp]"                                          \
-	    : [acc] "+r"(a), [tmp] "=&r"(t)                                             \
-	    : [wv] "r"(v), [msk] "r"(m), [xv] "r"(x))
-#define SW_MAC0(a, v, m, x, t)                                                         \
-	asm("%[tmp] = %[wv]\n\t%[tmp] &= %[msk]\n\t%[tmp] *= %[xv]\n\t%[acc] += %[tmp]"     \
-	    : [acc] "+r"(a), [tmp] "=&r"(t)                                             \
-	    : [wv] "r"(v), [msk] "r"(m), [xv] "r"(x))
-
-/* Columns 4q..4q+3 of a weight-word pair: a0 and a1 += the lanes of words wq[0] and wq[1] for
- * column c (shifted right by c times the code width: sh1..sh3 for c = 1..3) times xq[c]. */
-#define SW_FOUR_COLUMNS(a0, a1, wq, xq, m, sh1, sh2, sh3)                              \
-	do {                                                                            \
-		u64 v0 = (wq)[0], v1 = (wq)[1], t0, t1;                                 \
-		u64 x0 = (xq)[0], x1 = (xq)[1], x2 = (xq)[2], x3 = (xq)[3];             \
-		SW_MAC0(a0, v0, m, x0, t0);                                             \
-		SW_MAC0(a1, v1, m, x0, t1);                                             \
-		SW_MAC(a0, v0, sh1, m, x1, t0);                                         \
-		SW_MAC(a1, v1, sh1, m, x1, t1);                                         \
-		SW_MAC(a0, v0, sh2, m, x2, t0);                                         \
-		SW_MAC(a1, v1, sh2, m, x2, t1);                                         \
-		SW_MAC(a0, v0, sh3, m, x3, t0);                                         \
-		SW_MAC(a1, v1, sh3, m, x3, t1);                                         \
-	} while (0)
+/* Columns 4q..4q+3 (q a literal) of a group's weight-word pair: the words v0 = w[2q],
+ * v1 = w[2q + 1] (row halves 0 and 1 of the block), and for each column c x = xq[4q + c],
+ * a0 += ((v0 >> c cb) & m) * x, a1 += ((v1 >> c cb) & m) * x (cb = the code width, a literal),
+ * as 44 BPF instructions for eight multiplies. Written as one asm block because clang, given the
+ * same C, holds the four activations and both words at once, runs out of BPF's ten registers and
+ * spills the pointers: about 6.5 instructions per multiply instead of 5.5. Nine registers: the
+ * two sums, the words, the mask (m must be a register: see the kernels'
+ * `asm volatile("" : "+r"(m))`), x, one temporary and the two pointers. */
+#define SW_COL2(sh)                                                                      \
+	"%[xv] = *(u64 *)(%[xpp] + %[xo" #sh "])\n\t"                                    \
+	"%[tt] = %[va]\n\t%[tt] >>= %[s" #sh "]\n\t%[tt] &= %[msk]\n\t%[tt] *= %[xv]\n\t"  \
+	"%[aa] += %[tt]\n\t"                                                               \
+	"%[tt] = %[vb]\n\t%[tt] >>= %[s" #sh "]\n\t%[tt] &= %[msk]\n\t%[tt] *= %[xv]\n\t"  \
+	"%[ab] += %[tt]\n\t"
+#define SW_QUAD_PACKED(a0, a1, wp, xp, q, m, cb, v0, v1, xv, t)                        \
+	asm("%[va] = *(u64 *)(%[wpp] + %[wo])\n\t%[vb] = *(u64 *)(%[wpp] + %[wo1])\n\t"    \
+	    "%[xv] = *(u64 *)(%[xpp] + %[xo0])\n\t"                                        \
+	    "%[tt] = %[va]\n\t%[tt] &= %[msk]\n\t%[tt] *= %[xv]\n\t%[aa] += %[tt]\n\t"      \
+	    "%[tt] = %[vb]\n\t%[tt] &= %[msk]\n\t%[tt] *= %[xv]\n\t%[ab] += %[tt]\n\t"      \
+	    SW_COL2(1) SW_COL2(2) SW_COL2(3)                                              \
+	    : [aa] "+r"(a0), [ab] "+r"(a1), [va] "=&r"(v0), [vb] "=&r"(v1), [xv] "=&r"(xv), \
+	      [tt] "=&r"(t)                                                               \
+	    : [wpp] "r"(wp), [xpp] "r"(xp), [msk] "r"(m), [wo] "i"(16 * (q)),              \
+	      [wo1] "i"(16 * (q) + 8), [xo0] "i"(32 * (q)), [xo1] "i"(32 * (q) + 8),       \
+	      [xo2] "i"(32 * (q) + 16), [xo3] "i"(32 * (q) + 24), [s1] "i"(cb),            \
+	      [s2] "i"(2 * (cb)), [s3] "i"(3 * (cb)))
 
 /* The same two multiply-adds for column j (a literal, 0..31) of a group from unpacked words
  * (swar_unpack): x = xq[j], a0 += u[2 j] * x, a1 += u[2 j + 1] * x, as seven BPF instructions,
@@ -204,12 +199,9 @@ struct swar_mv_args {
 	u32 nb;      /* vectors, 1..LIM_BATCH_MAX (the LM head: 1): x b at xq + b * SW_XQ_BYTES(k) */
 	s64 best_val; /* LM head out: its logit, Q16 */
 	u64 ystride; /* bytes between the vectors of y */
-	u64 unpack;  /* nb > 1: this part's scratch of SW_UNPACK_BYTES(k) for the unpacked row
-		      * block (swar_unpack), or 0 to read the packed words for every vector */
+	u64 unpack;  /* nb > 1: this part's scratch of 16 k bytes for the unpacked row block
+		      * (swar_unpack), or 0 to read the packed words for every vector */
 };
-
-/* Bytes of one row block's unpacked words: k / 4 word pairs, four columns each. */
-#define SW_UNPACK_BYTES(k) ((u64)(k) * 16)
 
 /* Digit l of a decoded group word with `lanes` lanes of `bits` bits (see the algebra above):
  * the top lane is read signed, the others lifted by 2^(bits-1). l, lanes and bits are
@@ -241,9 +233,9 @@ static __always_inline s64 finish_row(u64 acc, u64 ya, int l, u32 mode)
 }
 
 /* A row block's words unpacked once for a batch: u[(4 q + c) * 2 + h] = (w[q][h] >> c * cb) & m
- * (cb = 4 with W4's mask, 8 with W8's), the very lane words that SW_MAC forms for column 4q + c,
+ * (cb = 4 with W4's mask, 8 with W8's), the very lane words that SW_QUAD_PACKED forms for column 4q + c,
  * so that the batched kernels spend no shift or mask per vector. wa = the block's [k/4][2]
- * words, ua = SW_UNPACK_BYTES(k) of scratch. k / 4 <= 4096 iterations. */
+ * words, ua = 16 k bytes of scratch. k / 4 <= 4096 iterations. */
 __noinline int swar_unpack(u64 wa, u64 ua, u32 k, u32 w8)
 {
 	const u64 __arena *w = ARENA_PTR(const u64, wa);
@@ -303,13 +295,21 @@ static __always_inline s64 swar_rows(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode
 			SW_UQUAD(a0, a1, up, xp, 6, xv, t0, t1);
 			SW_UQUAD(a0, a1, up, xp, 7, xv, t0, t1);
 		} else {
-#pragma unroll
-			for (int q = 0; q < 8; q++) {
-				if (w8)
-					SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 8, 16, 24);
-				else
-					SW_FOUR_COLUMNS(a0, a1, w + 2 * q, x + 4 * q, m, 4, 8, 12);
-			}
+			const u64 __arena *wp = w;
+			const s64 __arena *xp = x;
+			const int cb = w8 ? 8 : 4;
+			u64 v0, v1, xv, t;
+
+			ARENA_CAST(wp);
+			ARENA_CAST(xp);
+			SW_QUAD_PACKED(a0, a1, wp, xp, 0, m, cb, v0, v1, xv, t);
+			SW_QUAD_PACKED(a0, a1, wp, xp, 1, m, cb, v0, v1, xv, t);
+			SW_QUAD_PACKED(a0, a1, wp, xp, 2, m, cb, v0, v1, xv, t);
+			SW_QUAD_PACKED(a0, a1, wp, xp, 3, m, cb, v0, v1, xv, t);
+			SW_QUAD_PACKED(a0, a1, wp, xp, 4, m, cb, v0, v1, xv, t);
+			SW_QUAD_PACKED(a0, a1, wp, xp, 5, m, cb, v0, v1, xv, t);
+			SW_QUAD_PACKED(a0, a1, wp, xp, 6, m, cb, v0, v1, xv, t);
+			SW_QUAD_PACKED(a0, a1, wp, xp, 7, m, cb, v0, v1, xv, t);
 		}
 		/* A + kx: remove the weights' bias (bias * S per lane), lift the lower lanes by half
 		 * their range */

@@ -50,8 +50,9 @@ pub struct Ops {
     /// The per-token fields and head fields of the next run (set by the operator methods).
     pub(super) pending: (Vec<Patch>, Option<HeadFields>),
     /// Scratch for the batched SWAR kernels' unpacked row blocks and the most columns it serves
-    /// (see [`Ops::alloc_unpack_scratch`]).
+    /// (see [`Ops::alloc_unpack_scratch`]), and whether the kernels use it.
     pub(super) unpack: Option<(Region, usize)>,
+    pub(super) unpack_on: bool,
 }
 
 /// Operators with at least this many multiply-adds are split across threads (see
@@ -246,6 +247,7 @@ impl Ops {
             recording: None,
             pending: (Vec::new(), None),
             unpack: None,
+            unpack_on: true,
         })
     }
 

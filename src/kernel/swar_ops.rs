@@ -41,7 +41,7 @@ pub struct QuantXRegion {
 }
 
 /// Arena bytes of [`Ops::alloc_unpack_scratch`] for matrices of up to `k_max` columns: one
-/// unpacked row block (16 bytes per column, `SW_UNPACK_BYTES`) for each of up to
+/// unpacked row block (16 bytes per column) for each of up to
 /// [`crate::plan::THREADS_MAX`] threads.
 pub fn unpack_scratch_bytes(k_max: usize) -> usize {
     crate::plan::THREADS_MAX * 16 * k_max
@@ -101,6 +101,13 @@ impl Ops {
             .alloc(unpack_scratch_bytes(k_max), "SWAR unpacked row blocks")?;
         self.unpack = Some((r, k_max));
         Ok(())
+    }
+
+    /// For benchmarks and tests: whether the batched SWAR matvecs use the scratch of
+    /// [`Ops::alloc_unpack_scratch`] (the default once it is allocated) or read the packed words
+    /// for every vector. Both give the same integers.
+    pub fn set_unpacking(&mut self, on: bool) {
+        self.unpack_on = on;
     }
 
     /// The scratch of [`Ops::alloc_unpack_scratch`], if allocated: part i of a batched SWAR
@@ -242,7 +249,9 @@ impl Ops {
         };
         // each part (thread) unpacks its row blocks into scratch of its own
         let unpack = match self.unpack {
-            Some((r, k_max)) if batch.n > 1 && m.cols <= k_max => Some((self.addr_of(r), k_max)),
+            Some((r, k_max)) if self.unpack_on && batch.n > 1 && m.cols <= k_max => {
+                Some((self.addr_of(r), k_max))
+            }
             _ => None,
         };
         let mut parts: Vec<swar_mv_args> = self
