@@ -345,8 +345,12 @@ static __always_inline void kv8_pair_at(struct attention_i8_args *a, u32 j, u32 
  * maxima m0, m1 and the largest value step, left in acc[0..3) for the caller (acc is zeroed
  * before step 5). A function of its own so that its loop's values do not stay live, and on the
  * stack, beside the caller's (the plan interpreter calls attention inside a 512-byte stack).
+ * kv8_scores, kv8_weights and kv8_attend_pair are global functions, which the verifier checks
+ * once each with unknown arguments: as static functions they were re-verified inside the
+ * callers' loops, which on some 6.18 builds exceeded the one-million-instruction limit (E2BIG).
  * two_e = two | e0 << 8 | e1 << 16. */
-static __noinline int kv8_scores(struct attention_i8_args *a, u32 j, u32 h0, u32 pair, u32 two_e)
+__noinline int kv8_scores(struct attention_i8_args *a __arg_nonnull, u32 j, u32 h0, u32 pair,
+			  u32 two_e)
 {
 	struct kv8_pair p;
 	u32 npos = a->pos + 1, n_kv = a->n_kv, two = two_e & 1;
@@ -385,7 +389,8 @@ static __noinline int kv8_scores(struct attention_i8_args *a, u32 j, u32 h0, u32
 
 /* Step 4 of kv8_attend_pair: the packed value weights W_t of both heads, from the reciprocals
  * the caller left in acc[0..3) (inv0, inv1, invv). */
-static __noinline int kv8_weights(struct attention_i8_args *a, u32 j, u32 h0, u32 pair, u32 two)
+__noinline int kv8_weights(struct attention_i8_args *a __arg_nonnull, u32 j, u32 h0, u32 pair,
+			   u32 two)
 {
 	struct kv8_pair p;
 	u32 npos = a->pos + 1, n_kv = a->n_kv;
@@ -409,7 +414,8 @@ static __noinline int kv8_weights(struct attention_i8_args *a, u32 j, u32 h0, u3
 }
 
 /* One pair of query heads (h0 and, when `two`, h0 + 1) of kv head j over positions 0..pos. */
-static __noinline int kv8_attend_pair(struct attention_i8_args *a, u32 j, u32 h0, u32 two, u32 pair)
+__noinline int kv8_attend_pair(struct attention_i8_args *a __arg_nonnull, u32 j, u32 h0, u32 two,
+			    u32 pair)
 {
 	struct kv8_pair p;
 	u32 hd = a->hd, npos = a->pos + 1;
