@@ -14,6 +14,27 @@ use qwen_bpf::reference::Reference;
 use qwen_bpf::synth::{self, Preset, SynthOptions};
 use qwen_bpf::{limits, Backend, Checkpoint, Config, Error, KvFormat, Model, ModelOptions};
 
+/// The verifier's work per program, against its limit of 1,000,000 processed instructions: a
+/// program near the limit on one kernel build is refused (E2BIG) on another whose verifier
+/// prunes less (attention_i8 once passed on one 6.18 build and was refused on 6.18.44).
+#[test]
+fn every_program_verifies_well_within_the_verifier_limit() {
+    let ops = Ops::load(1 << 20).unwrap();
+    let counts = ops.verified_instructions().unwrap();
+    assert!(
+        counts.iter().any(|(n, _)| n == "run_plan")
+            && counts.iter().any(|(n, _)| n == "attention_i8"),
+        "the object's programs include run_plan and attention_i8: {counts:?}"
+    );
+    for (name, n) in &counts {
+        eprintln!("verified instructions: {name} {n}");
+        assert!(
+            *n > 0 && *n <= 500_000,
+            "{name}: {n} instructions processed by the verifier, above half its 1,000,000 limit"
+        );
+    }
+}
+
 #[test]
 fn limits_agree_between_limits_h_and_limits_rs() {
     let f = Ops::load(1 << 20).unwrap().formats().unwrap();

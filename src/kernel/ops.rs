@@ -289,6 +289,39 @@ impl Ops {
             .collect()
     }
 
+    /// How many instructions the verifier processed for each loaded program, by name
+    /// (the kernel refuses a program past 1,000,000 with E2BIG). The count depends on the
+    /// kernel's verifier as much as on the program: `tests/limits.rs` keeps every program well
+    /// under the limit so that other kernel builds load them too.
+    pub fn verified_instructions(&self) -> Result<Vec<(String, u32)>> {
+        use libbpf_rs::libbpf_sys::{bpf_prog_get_info_by_fd, bpf_prog_info};
+        self.skel
+            .object()
+            .progs()
+            // the programs this Ops did not load (the event path's, unless asked for) have no fd
+            .filter(|p| p.autoload())
+            .map(|p| {
+                let name = p.name().to_string_lossy().into_owned();
+                let mut info = bpf_prog_info::default();
+                let mut len = std::mem::size_of::<bpf_prog_info>() as u32;
+                // SAFETY: the fd is the loaded program's; info is a zeroed bpf_prog_info of
+                // `len` bytes, which the kernel fills up to that size.
+                let rc =
+                    unsafe { bpf_prog_get_info_by_fd(p.as_fd().as_raw_fd(), &mut info, &mut len) };
+                if rc != 0 {
+                    return Err(Error::Bpf {
+                        what: name,
+                        detail: format!(
+                            "bpf_prog_get_info_by_fd: {}",
+                            std::io::Error::from_raw_os_error(-rc)
+                        ),
+                    });
+                }
+                Ok((name, info.verified_insns))
+            })
+            .collect()
+    }
+
     /// Runs program `name` of the object once with `args` as its ctx; a non-zero return value
     /// (the programs' "bad arguments") is an error.
     pub(crate) fn run<T: Send + Copy>(&mut self, name: &str, args: &mut T) -> Result<()> {
