@@ -19,7 +19,8 @@ use qwen_bpf::{limits, Backend, Checkpoint, Config, Error, KvFormat, Model, Mode
 /// prunes less (attention_i8 once passed on one 6.18 build and was refused on 6.18.44).
 #[test]
 fn every_program_verifies_well_within_the_verifier_limit() {
-    let ops = Ops::load(1 << 20).unwrap();
+    // with the event path's programs too
+    let ops = Ops::load_with(1 << 20, true).unwrap();
     let counts = ops.verified_instructions().unwrap();
     assert!(
         counts.iter().any(|(n, _)| n == "run_plan")
