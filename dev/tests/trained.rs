@@ -18,6 +18,16 @@ const TEXT: &[u8] = b"The old lighthouse keeper climbed the spiral stairs every 
 counting the steps as his father had taught him. From the lamp room he could see the fishing boats.";
 const N: usize = 128;
 
+/// The gap between the largest and the second-largest logit.
+fn margin(l: &[f32]) -> f32 {
+    let top = reference::argmax(l);
+    let second = (0..l.len())
+        .filter(|&i| i != top)
+        .map(|i| l[i])
+        .fold(f32::NEG_INFINITY, f32::max);
+    l[top] - second
+}
+
 /// Mean KL(reference ‖ store) in nats and the number of positions whose argmax agrees.
 fn agreement(want: &[Vec<f32>], got: &[Vec<f32>]) -> (f64, usize) {
     let mut kl = 0.0;
@@ -100,11 +110,15 @@ fn low_bit_stores_stay_close_to_the_reference_on_a_trained_model() {
 
     // The int8 KV cache against the exact Q16 one, same store: teacher-forced over the 128
     // bytes, then 64 bytes decoded greedily from the first 64. The format keeps ~0.4 % of each
-    // row's largest value per code. Measured: q24 KL 4.9e-5, 128/128, greedy 64/64; int4 KL
-    // 1.4e-4, 127/128, 64/64. Training varies a little from run to run (int4's own agreement
-    // with the reference was 123 and 124 in two runs), so the bars leave one argmax position and
-    // a late greedy divergence of room.
+    // row's largest value per code, so what it promises is a small change of every logit; which
+    // argmax positions that flips depends on the near-ties of the training run (int4 kept 127 of
+    // 128 on an Intel machine's model and 123 on an AMD machine's, each flip there at a q16 top-2
+    // margin below 0.05 nats, the largest logit change 0.17). So the bars are on the change of the
+    // logits, and on flips happening only at near-ties (a q16 margin below `TIE`), which the
+    // logit bar alone would not imply (it allows flips up to twice its size).
+    const TIE: f32 = 0.1;
     for backend in [Backend::Q24, Backend::Int4] {
+        // Teacher-forced logits, then the greedy continuation with each step's top-2 margin.
         let run = |kv: KvFormat| {
             let opts = ModelOptions {
                 backend,
@@ -119,29 +133,55 @@ fn low_bit_stores_stay_close_to_the_reference_on_a_trained_model() {
                 .map(|&t| m.forward(t).unwrap().to_vec())
                 .collect();
             m.reset();
-            let mut next = *m
-                .prefill(&tokens[..64])
-                .map(|l| reference::argmax(&l) as u32)
-                .as_ref()
-                .unwrap();
-            let mut greedy = vec![next];
+            let mut l = m.prefill(&tokens[..64]).unwrap().to_vec();
+            let mut greedy = vec![];
             while greedy.len() < 64 {
-                next = m.next_token(next).unwrap();
-                greedy.push(next);
+                greedy.push((reference::argmax(&l) as u32, margin(&l)));
+                l = m.forward(greedy.last().unwrap().0).unwrap().to_vec();
             }
             (logits, greedy)
         };
         let ((q16, g16), (i8l, g8)) = (run(KvFormat::Q16), run(KvFormat::Int8));
         let (kl, agree) = agreement(&q16, &i8l);
-        let same = g16.iter().zip(&g8).take_while(|(a, b)| a == b).count();
+        let change: Vec<f32> = q16
+            .iter()
+            .zip(&i8l)
+            .map(|(a, b)| {
+                a.iter()
+                    .zip(b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0, f32::max)
+            })
+            .collect();
+        let largest = change.iter().copied().fold(0.0, f32::max);
+        let flips: Vec<(usize, f32)> = (0..q16.len())
+            .filter(|&p| reference::argmax(&q16[p]) != reference::argmax(&i8l[p]))
+            .map(|p| (p, margin(&q16[p])))
+            .collect();
+        let same = g16.iter().zip(&g8).take_while(|(a, b)| a.0 == b.0).count();
         eprintln!(
-            "{} int8 KV vs q16 KV: mean KL {kl:.3e} nats, argmax {agree}/128, greedy {same}/64",
+            "{} int8 KV vs q16 KV: mean KL {kl:.3e} nats, largest logit change {largest:.3}, \
+             argmax {agree}/128 (flips at position, q16 margin: {flips:?}), greedy {same}/64",
             backend.name()
         );
         assert!(
-            agree >= 126 && same >= 48,
-            "{}: int8 KV keeps argmax {agree}/128 and greedy {same}/64 of q16 KV (bars 126, 48)",
+            kl <= 1e-3 && largest <= 0.5,
+            "{}: int8 KV changes the logits of q16 KV by a mean KL {kl:.3e} (bar 1e-3) and at \
+             most {largest:.3} (bar 0.5)",
             backend.name()
+        );
+        assert!(
+            flips.iter().all(|&(_, m)| m < TIE) && agree >= 120,
+            "{}: int8 KV flips the argmax of q16 KV at {flips:?} (position, q16 margin): only \
+             near-ties (margin < {TIE}) may flip, and at least 120 of 128 positions must agree",
+            backend.name()
+        );
+        assert!(
+            same == g16.len() || g16[same].1 < TIE,
+            "{}: int8 KV's greedy continuation leaves q16 KV's at step {same} of 64, where \
+             q16's margin is {} (only a near-tie below {TIE} may)",
+            backend.name(),
+            g16[same.min(g16.len() - 1)].1
         );
     }
 
