@@ -547,6 +547,8 @@ fn threads(c: &mut Criterion) {
         k_steps: steps(&mut ops, 37),
         v_codes: codes(&mut ops, 38),
         v_steps: steps(&mut ops, 39),
+        codes_stride: s.max_ctx * s.hd,
+        steps_stride: s.max_ctx * 4,
         probs: q16.probs,
         wv: ops.arena.alloc(pairs * s.max_ctx * 8, "wv").expect("arena"),
         qq: ops.arena.alloc(pairs * s.hd * 8, "qq").expect("arena"),

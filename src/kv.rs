@@ -2,7 +2,9 @@
 //! contexts (the cache and position written to a file and read back).
 //!
 //! Each layer keeps a few arrays indexed by position first (`[max_ctx][...]`), so the bytes of
-//! positions `0..n` are a prefix of every array. The whole cache is reserved for `max_context`
+//! positions `0..n` are a prefix of every array. The int8 format's arrays are split by kv head
+//! (`[n_kv][max_ctx][...]`, each head's part page aligned), so that attention, which reads one
+//! head over all positions, reads consecutive bytes; each head part is such a prefix array. The whole cache is reserved for `max_context`
 //! when a model opens, but kernel memory is committed (arena pages faulted in from user space) in
 //! steps of [`COMMIT_STEP`] positions ahead of use, because a BPF store to an arena page that was
 //! never committed is silently dropped.
@@ -47,14 +49,23 @@ impl KvFormat {
         KvFormat::ALL.into_iter().find(|f| f.name() == name)
     }
 
-    /// Bytes per position of each of a layer's arrays (Q16: K, V; Int8: K codes, K steps,
-    /// V codes, V steps).
-    pub(crate) fn row_bytes(self, cfg: &Config) -> Vec<usize> {
-        let (kvd, n_kv) = (cfg.kv_dim(), cfg.num_key_value_heads);
+    /// A layer's arrays, each as (bytes per position of one part, parts): Q16 K, V (`[max_ctx]
+    /// [n_kv * hd]` i32, one part); Int8 K codes, K steps, V codes, V steps (`[n_kv][max_ctx][hd]`
+    /// i8 and `[n_kv][max_ctx]` u32, one part per kv head).
+    fn arrays(self, cfg: &Config) -> [(usize, usize); 4] {
+        let (kvd, n_kv, hd) = (cfg.kv_dim(), cfg.num_key_value_heads, cfg.head_dim());
         match self {
-            KvFormat::Q16 => vec![kvd * 4, kvd * 4],
-            KvFormat::Int8 => vec![kvd, n_kv * 4, kvd, n_kv * 4],
+            KvFormat::Q16 => [(kvd * 4, 1), (kvd * 4, 1), (0, 0), (0, 0)],
+            KvFormat::Int8 => [(hd, n_kv), (4, n_kv), (hd, n_kv), (4, n_kv)],
         }
+    }
+
+    /// Bytes per position of each part of each of a layer's arrays, in order.
+    fn row_bytes(self, cfg: &Config) -> Vec<usize> {
+        self.arrays(cfg)
+            .iter()
+            .flat_map(|&(row, parts)| std::iter::repeat_n(row, parts))
+            .collect()
     }
 
     /// KV-cache bytes per position over all layers.
@@ -66,12 +77,23 @@ impl KvFormat {
 /// Positions committed at a time, ahead of use.
 pub const COMMIT_STEP: usize = 256;
 
-/// The KV cache of a model: per layer, one arena region per array of its format.
+/// One array of a layer as the attention kernels take it: its parts (one per kv head in the
+/// int8 format) `stride` bytes apart, `span` covering all of them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KvArray {
+    pub span: Region,
+    pub stride: usize,
+}
+
+/// The KV cache of a model: per layer, one arena region per part of each array of its format.
 #[derive(Debug)]
 pub(crate) struct KvCache {
     pub format: KvFormat,
-    /// `layers[l][i]`: array i of layer l, `max_ctx * row_bytes[i]` bytes.
-    pub layers: Vec<Vec<Region>>,
+    /// `layers[l][i]`: part i of layer l (the parts of every array in order), `max_ctx *
+    /// row_bytes[i]` bytes.
+    layers: Vec<Vec<Region>>,
+    /// `arrays[l][a]`: array a of layer l, spanning its parts.
+    arrays: Vec<Vec<KvArray>>,
     row_bytes: Vec<usize>,
     max_ctx: usize,
     /// Positions whose bytes are committed in every array.
@@ -101,19 +123,29 @@ impl KvCache {
         cfg: &Config,
         max_ctx: usize,
     ) -> Result<KvCache> {
-        let row_bytes = format.row_bytes(cfg);
-        let layers = (0..cfg.num_hidden_layers)
-            .map(|_| {
-                row_bytes
-                    .iter()
-                    .map(|&r| arena.reserve(max_ctx * r, "KV cache"))
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let (mut layers, mut arrays) = (vec![], vec![]);
+        for _ in 0..cfg.num_hidden_layers {
+            let (mut parts, mut spans) = (vec![], vec![]);
+            for (row, n) in format.arrays(cfg).into_iter().filter(|a| a.1 > 0) {
+                // one reservation, its parts page aligned: each is committed and saved by prefix
+                let stride = pages(max_ctx, row);
+                let whole = arena.reserve(n * stride, "KV cache")?;
+                for j in 0..n {
+                    parts.push(whole.sub(j * stride, max_ctx * row)?);
+                }
+                spans.push(KvArray {
+                    span: whole.sub(0, (n - 1) * stride + max_ctx * row)?,
+                    stride,
+                });
+            }
+            layers.push(parts);
+            arrays.push(spans);
+        }
         Ok(KvCache {
             format,
             layers,
-            row_bytes,
+            arrays,
+            row_bytes: format.row_bytes(cfg),
             max_ctx,
             committed: 0,
         })
@@ -134,6 +166,11 @@ impl KvCache {
             }
         }
         self.committed = upto;
+    }
+
+    /// Array `a` of layer `l` (in the order of [`KvFormat`]'s arrays).
+    pub fn array(&self, l: usize, a: usize) -> KvArray {
+        self.arrays[l][a]
     }
 
     /// Kernel memory committed so far.
@@ -171,8 +208,8 @@ impl KvCache {
 }
 
 const MAGIC: &[u8; 8] = b"QBPFCTX\0";
-/// Saved-context file format version.
-pub const CONTEXT_VERSION: u32 = 1;
+/// Saved-context file format version (2: the int8 arrays split by kv head).
+pub const CONTEXT_VERSION: u32 = 2;
 
 /// What a saved context was made with: it loads only into a model that matches every field.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -137,7 +137,9 @@ fn score(dot: i64, kstep: u32, e: u32, scale: i64) -> i64 {
     sat32(rshr(s * scale, Q_SCALE)) as i64
 }
 
-/// One layer's int8 cache: codes `[max_ctx][n_kv][hd]`, steps `[max_ctx][n_kv]`, for K and V.
+/// One layer's int8 cache, head-major as in the kernel: codes `[n_kv][max_ctx][hd]`, steps
+/// `[n_kv][max_ctx]`, for K and V (the kernel's heads sit a page-rounded stride apart; here they
+/// are dense).
 #[derive(Debug, Clone)]
 pub struct Cache {
     /// Key codes.
@@ -179,8 +181,9 @@ pub fn attention(
     out: &mut [i32],
 ) {
     let (hd, n_kv) = (s.hd, s.n_kv);
+    let at = |j: usize, t: usize| j * s.max_ctx + t; // kv head j, position t
     for j in 0..n_kv {
-        let at = pos * n_kv + j;
+        let at = at(j, pos);
         c.k_steps[at] = quant_row(
             &k[j * hd..(j + 1) * hd],
             Some(ksh),
@@ -216,16 +219,16 @@ pub fn attention(
             let mut m = vec![-ACT_MAX; heads];
             let mut vmax = 0u64;
             for t in 0..npos {
-                let row = &c.k_codes[(t * n_kv + j) * hd..(t * n_kv + j + 1) * hd];
+                let row = &c.k_codes[at(j, t) * hd..(at(j, t) + 1) * hd];
                 let w = qq.iter().zip(row).fold(0u64, |a, (&x, &y)| {
                     a.wrapping_add(x.wrapping_mul(y as i64 as u64))
                 });
-                let kstep = c.k_steps[t * n_kv + j];
+                let kstep = c.k_steps[at(j, t)];
                 for (i, lane) in [lane0(w), lane1(w)].into_iter().take(heads).enumerate() {
                     p[i][t] = score(lane, kstep, e[i], scale);
                     m[i] = m[i].max(p[i][t]);
                 }
-                vmax = vmax.max(c.v_steps[t * n_kv + j] as u64);
+                vmax = vmax.max(c.v_steps[at(j, t)] as u64);
             }
             // 3. exp(s - m), sums
             let mut inv = [0u64; 2];
@@ -242,12 +245,12 @@ pub fn attention(
             // 4-5. packed value weights and the weighted sums of value codes
             let mut acc = vec![0u64; hd];
             for t in 0..npos {
-                let r = (c.v_steps[t * n_kv + j] as u64 * invv) >> 32;
+                let r = (c.v_steps[at(j, t)] as u64 * invv) >> 32;
                 let w: Vec<u64> = (0..heads)
                     .map(|i| ((((p[i][t] as u64) * inv[i]) >> 32) * r) >> Q_ONE)
                     .collect();
                 let ww = w[0].wrapping_add(w.get(1).copied().unwrap_or(0) << 32);
-                let row = &c.v_codes[(t * n_kv + j) * hd..(t * n_kv + j + 1) * hd];
+                let row = &c.v_codes[at(j, t) * hd..(at(j, t) + 1) * hd];
                 for (a, &cv) in acc.iter_mut().zip(row) {
                     *a = a.wrapping_add(ww.wrapping_mul(cv as i64 as u64));
                 }

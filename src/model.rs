@@ -1272,15 +1272,15 @@ impl Model {
                     eps,
                 )?;
                 // 4. append k, v to the cache; causal GQA attention    att [q_dim]
-                let kv = &b.kv.layers[l];
+                let kv = |a: usize| b.kv.array(l, a);
                 match b.kv.format {
                     KvFormat::Q16 => {
                         let ab = AttentionBuffers {
                             q,
                             k,
                             v,
-                            k_cache: kv[0],
-                            v_cache: kv[1],
+                            k_cache: kv(0).span,
+                            v_cache: kv(1).span,
                             probs: b.probs,
                             acc: b.acc,
                             out: att,
@@ -1293,10 +1293,12 @@ impl Model {
                             q,
                             k,
                             v,
-                            k_codes: kv[0],
-                            k_steps: kv[1],
-                            v_codes: kv[2],
-                            v_steps: kv[3],
+                            k_codes: kv(0).span,
+                            k_steps: kv(1).span,
+                            v_codes: kv(2).span,
+                            v_steps: kv(3).span,
+                            codes_stride: kv(0).stride,
+                            steps_stride: kv(1).stride,
                             probs: b.probs,
                             wv: b.wv,
                             qq: b.qq,

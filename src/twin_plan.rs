@@ -336,9 +336,10 @@ fn attention(arena: &mut Arena, c: &mut attention_args) -> Result<bool> {
 }
 
 /// Causal GQA attention at `pos` over the int8 cache, for kv heads `kv0..kv1` only: quantises
-/// and appends their rows of k, v (i32 Q16 `[n_kv][hd]`) to the codes (i8 `[max_ctx][n_kv][hd]`)
-/// and steps (u32 `[max_ctx][n_kv]`), then writes out i32 Q16 `[n_q][hd]` for their query heads
-/// (head h reads kv head h / group). The twin runs on those heads' slice of everything.
+/// and appends their rows of k, v (i32 Q16 `[n_kv][hd]`) to the codes (i8 `[n_kv][max_ctx][hd]`)
+/// and steps (u32 `[n_kv][max_ctx]`), each kv head `codes_stride` (`steps_stride`) bytes after the
+/// previous, then writes out i32 Q16 `[n_q][hd]` for their query heads (head h reads kv head
+/// h / group). The twin runs on those heads' slice of everything.
 fn attention_i8(arena: &mut Arena, c: &mut attention_i8_args) -> Result<bool> {
     let (pos, nq, nkv, hd) = (
         c.pos as usize,
@@ -346,12 +347,15 @@ fn attention_i8(arena: &mut Arena, c: &mut attention_i8_args) -> Result<bool> {
         c.n_kv as usize,
         c.hd as usize,
     );
+    let (cs, ss) = (c.codes_stride as usize, c.steps_stride as usize);
     if c.pos >= c.max_ctx
         || nkv == 0
         || nq % nkv != 0
         || !(4..=kv8::HD_MAX).contains(&hd)
         || c.kv0 >= c.kv1
         || c.kv1 as usize > nkv
+        || cs < c.max_ctx as usize * hd
+        || ss < c.max_ctx as usize * 4
     {
         return Ok(false);
     }
@@ -362,24 +366,18 @@ fn attention_i8(arena: &mut Arena, c: &mut attention_i8_args) -> Result<bool> {
         hd,
         max_ctx: npos,
     };
-    // this run's heads of positions 0..=pos: [npos][kv1 - kv0][hd] codes, [npos][kv1 - kv0] steps
-    let heads = |t: usize| (t * nkv + kv0)..(t * nkv + kv1);
+    // this run's heads over positions 0..=pos: [kv1 - kv0][npos][hd] codes, [kv1 - kv0][npos] steps
     let mut cache = kv8::Cache::new(s);
-    let (kc, ks) = (
-        read::<i8>(arena, c.k_codes, npos * nkv * hd)?,
-        read::<u32>(arena, c.k_steps, npos * nkv)?,
-    );
-    let (vc, vs) = (
-        read::<i8>(arena, c.v_codes, npos * nkv * hd)?,
-        read::<u32>(arena, c.v_steps, npos * nkv)?,
-    );
-    let rows = |t: usize| heads(t).start * hd..heads(t).end * hd;
-    for t in 0..npos {
-        let (at, cat) = (t * s.n_kv, t * s.n_kv * hd);
-        cache.k_steps[at..at + s.n_kv].copy_from_slice(&ks[heads(t)]);
-        cache.v_steps[at..at + s.n_kv].copy_from_slice(&vs[heads(t)]);
-        cache.k_codes[cat..cat + s.n_kv * hd].copy_from_slice(&kc[rows(t)]);
-        cache.v_codes[cat..cat + s.n_kv * hd].copy_from_slice(&vc[rows(t)]);
+    for (i, j) in (kv0..kv1).enumerate() {
+        let (rows, steps) = (i * npos * hd..(i + 1) * npos * hd, i * npos..(i + 1) * npos);
+        cache.k_codes[rows.clone()].copy_from_slice(read(
+            arena,
+            c.k_codes + off(j, cs),
+            npos * hd,
+        )?);
+        cache.v_codes[rows].copy_from_slice(read(arena, c.v_codes + off(j, cs), npos * hd)?);
+        cache.k_steps[steps.clone()].copy_from_slice(read(arena, c.k_steps + off(j, ss), npos)?);
+        cache.v_steps[steps].copy_from_slice(read(arena, c.v_steps + off(j, ss), npos)?);
     }
     let qs = kv0 * g * hd..kv1 * g * hd; // this run's query heads
     let mut out = vec![0i32; qs.len()];
@@ -396,12 +394,22 @@ fn attention_i8(arena: &mut Arena, c: &mut attention_i8_args) -> Result<bool> {
         &mut out,
     );
     // position pos of this run's heads, and their query heads' output
-    let (at, cat) = (pos * s.n_kv, pos * s.n_kv * hd);
-    let first = heads(pos).start;
-    write(arena, c.k_codes + off(first * hd, 1), &cache.k_codes[cat..])?;
-    write(arena, c.v_codes + off(first * hd, 1), &cache.v_codes[cat..])?;
-    write(arena, c.k_steps + off(first, 4), &cache.k_steps[at..])?;
-    write(arena, c.v_steps + off(first, 4), &cache.v_steps[at..])?;
+    for (i, j) in (kv0..kv1).enumerate() {
+        let (at, code) = (i * npos + pos, off(j, cs) + off(pos, hd));
+        let step = off(j, ss) + off(pos, 4);
+        write(
+            arena,
+            c.k_codes + code,
+            &cache.k_codes[at * hd..(at + 1) * hd],
+        )?;
+        write(
+            arena,
+            c.v_codes + code,
+            &cache.v_codes[at * hd..(at + 1) * hd],
+        )?;
+        write(arena, c.k_steps + step, &cache.k_steps[at..at + 1])?;
+        write(arena, c.v_steps + step, &cache.v_steps[at..at + 1])?;
+    }
     write(arena, c.out + off(kv0 * g * hd, 4), &out)?;
     Ok(true)
 }

@@ -8,6 +8,7 @@ mod common;
 
 use common::Rng;
 use qwen_bpf::fixed::{self, AttnShape};
+use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::{kv8_pairs, AttentionI8Buffers, Ops};
 use qwen_bpf::kv8;
 
@@ -27,17 +28,22 @@ fn shifts(hd: usize) -> Vec<u8> {
 }
 
 /// Every buffer of one attention run for shape `s`, the exp2 table and the shifts `ksh` filled in.
-fn buffers(o: &mut Ops, s: AttnShape, ksh: &[u8]) -> AttentionI8Buffers {
+/// Each kv head's codes and steps start `pad` bytes after the previous head's end (0: dense, as
+/// the twin's arrays; the model's heads are page aligned).
+fn buffers(o: &mut Ops, s: AttnShape, ksh: &[u8], pad: usize) -> AttentionI8Buffers {
     let (kvd, pairs) = (s.n_kv * s.hd, kv8_pairs(s.n_q, s.n_kv));
+    let (cs, ss) = (s.max_ctx * s.hd + pad, s.max_ctx * 4 + pad);
     let a = &mut o.arena;
     let b = AttentionI8Buffers {
         q: a.alloc(s.n_q * s.hd * 4, "q").unwrap(),
         k: a.alloc(kvd * 4, "k").unwrap(),
         v: a.alloc(kvd * 4, "v").unwrap(),
-        k_codes: a.alloc(s.max_ctx * kvd, "kc").unwrap(),
-        k_steps: a.alloc(s.max_ctx * s.n_kv * 4, "ks").unwrap(),
-        v_codes: a.alloc(s.max_ctx * kvd, "vc").unwrap(),
-        v_steps: a.alloc(s.max_ctx * s.n_kv * 4, "vs").unwrap(),
+        k_codes: a.alloc(s.n_kv * cs, "kc").unwrap(),
+        k_steps: a.alloc(s.n_kv * ss, "ks").unwrap(),
+        v_codes: a.alloc(s.n_kv * cs, "vc").unwrap(),
+        v_steps: a.alloc(s.n_kv * ss, "vs").unwrap(),
+        codes_stride: cs,
+        steps_stride: ss,
         probs: a.alloc(s.n_q * s.max_ctx * 4, "p").unwrap(),
         wv: a.alloc(pairs * s.max_ctx * 8, "wv").unwrap(),
         qq: a.alloc(pairs * s.hd * 8, "qq").unwrap(),
@@ -53,7 +59,13 @@ fn buffers(o: &mut Ops, s: AttnShape, ksh: &[u8]) -> AttentionI8Buffers {
     b
 }
 
-fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool) {
+/// kv head j's part of an arena array of heads `stride` bytes apart, `n` elements each.
+fn head<T: bytemuck::Pod>(o: &Ops, r: Region, stride: usize, j: usize, n: usize) -> &[T] {
+    let r = r.sub(j * stride, n * size_of::<T>()).unwrap();
+    o.arena.slice::<T>(r).unwrap()
+}
+
+fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool, pad: usize) {
     let mut o = ops();
     o.set_threads(threads);
     o.set_par_min_macs(0); // split kv heads across the threads at every position
@@ -62,7 +74,7 @@ fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool) {
     let scale = fixed::attn_scale_q22(s.hd);
     let kvd = s.n_kv * s.hd;
     let ksh = shifts(s.hd);
-    let b = buffers(&mut o, s, &ksh);
+    let b = buffers(&mut o, s, &ksh, pad);
     let mut cache = kv8::Cache::new(s);
     let mut out = vec![0; s.n_q * s.hd];
     for pos in 0..s.max_ctx {
@@ -83,26 +95,30 @@ fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool) {
         o.attention_i8(&b, pos, s, scale).unwrap();
         kv8::attention(&q, &k, &v, &mut cache, &ksh, pos, s, scale, &tab, &mut out);
         if pos % 40 == 0 || pos == s.max_ctx - 1 {
-            assert_eq!(
-                o.arena.slice::<i8>(b.k_codes).unwrap(),
-                &cache.k_codes[..],
-                "{s:?}: key codes at pos {pos}"
-            );
-            assert_eq!(
-                o.arena.slice::<u32>(b.k_steps).unwrap(),
-                &cache.k_steps[..],
-                "{s:?}: key steps at pos {pos}"
-            );
-            assert_eq!(
-                o.arena.slice::<i8>(b.v_codes).unwrap(),
-                &cache.v_codes[..],
-                "{s:?}: value codes at pos {pos}"
-            );
-            assert_eq!(
-                o.arena.slice::<u32>(b.v_steps).unwrap(),
-                &cache.v_steps[..],
-                "{s:?}: value steps at pos {pos}"
-            );
+            let (n, cs, ss) = (s.max_ctx, b.codes_stride, b.steps_stride);
+            for j in 0..s.n_kv {
+                let (codes, steps) = (j * n * s.hd..(j + 1) * n * s.hd, j * n..(j + 1) * n);
+                assert_eq!(
+                    head::<i8>(&o, b.k_codes, cs, j, n * s.hd),
+                    &cache.k_codes[codes.clone()],
+                    "{s:?}: key codes of kv head {j} at pos {pos}, BPF vs twin"
+                );
+                assert_eq!(
+                    head::<u32>(&o, b.k_steps, ss, j, n),
+                    &cache.k_steps[steps.clone()],
+                    "{s:?}: key steps of kv head {j} at pos {pos}, BPF vs twin"
+                );
+                assert_eq!(
+                    head::<i8>(&o, b.v_codes, cs, j, n * s.hd),
+                    &cache.v_codes[codes],
+                    "{s:?}: value codes of kv head {j} at pos {pos}, BPF vs twin"
+                );
+                assert_eq!(
+                    head::<u32>(&o, b.v_steps, ss, j, n),
+                    &cache.v_steps[steps],
+                    "{s:?}: value steps of kv head {j} at pos {pos}, BPF vs twin"
+                );
+            }
         }
         assert_eq!(
             o.arena.slice::<i32>(b.out).unwrap(),
@@ -124,7 +140,9 @@ fn int8_attention_matches_twin_qwen3_shape() {
         hd: 128,
         max_ctx: 200,
     };
-    check(s, 1, 11, true);
+    check(s, 1, 11, true, 0);
+    // kv heads apart by more than their rows, as the model's page-aligned parts are
+    check(s, 2, 16, false, 4096 + 12);
 }
 
 #[test]
@@ -140,6 +158,7 @@ fn int8_attention_matches_twin_on_two_threads_and_odd_groups() {
         2,
         12,
         true,
+        0,
     );
     // no GQA (single heads only), wide heads
     check(
@@ -152,6 +171,7 @@ fn int8_attention_matches_twin_on_two_threads_and_odd_groups() {
         2,
         13,
         false,
+        36,
     );
     // one kv head for four query heads, hd at the lane algebra's limit
     check(
@@ -164,6 +184,7 @@ fn int8_attention_matches_twin_on_two_threads_and_odd_groups() {
         2,
         14,
         true,
+        0,
     );
 }
 
@@ -230,7 +251,7 @@ fn a_bpf_store_to_an_uncommitted_page_is_dropped_and_commit_makes_it_land() {
         max_ctx: 8,
     };
     let scale = fixed::attn_scale_q22(s.hd);
-    let mut b = buffers(&mut o, s, &vec![0; s.hd]);
+    let mut b = buffers(&mut o, s, &vec![0; s.hd], 0);
     // key codes in reserved, never-touched pages
     b.k_codes = o.arena.reserve(s.max_ctx * s.hd, "kc").unwrap();
     o.arena.slice_mut::<i32>(b.k).unwrap().fill(1 << 16);

@@ -6,8 +6,11 @@
  *   step  u32 Q23 = ceil(amax * 128 / 127), amax = max_d |x[d]| of the Q16 row (0 for a zero row)
  *   code  s8 c[d] = round(|x[d]| * 128 / step) with x's sign, in -127..127, so that
  *         x[d] ~= c[d] * step / 2^7 in Q16.
- * Codes [max_ctx][n_kv][hd] and steps [max_ctx][n_kv] are separate arrays: 132 bytes per head
- * and position at hd = 128, against 512 for Q16.
+ * Codes [n_kv][max_ctx][hd] and steps [n_kv][max_ctx] are separate arrays, each kv head's part
+ * codes_stride (steps_stride) bytes after the previous one: 132 bytes per head and position at
+ * hd = 128, against 512 for Q16. Head-major, so that a pair of query heads reads its kv head's
+ * rows at consecutive addresses (a block of KV8_TBLOCK value rows, 32 KiB at hd 128, stays in
+ * the L1 cache over the passes of kv8_axpys).
  *
  * Key smoothing: Qwen3's k_norm weights are 60-90 on a few channels and ~1 elsewhere, so one
  * step per row would leave the ordinary channels one or two codes. Each layer has a shift per
@@ -48,8 +51,8 @@ struct attention_i8_args {
 	u64 q;       /* s32 Q22 [n_q][hd]: after q_norm and RoPE */
 	u64 k;       /* s32 Q16 [n_kv][hd]: this position's key */
 	u64 v;       /* s32 Q16 [n_kv][hd]: this position's value */
-	u64 k_codes; /* s8 [max_ctx][n_kv][hd] of this layer */
-	u64 k_steps; /* u32 Q23 [max_ctx][n_kv] */
+	u64 k_codes; /* s8 [n_kv][max_ctx][hd] of this layer, heads codes_stride bytes apart */
+	u64 k_steps; /* u32 Q23 [n_kv][max_ctx], heads steps_stride bytes apart */
 	u64 v_codes;
 	u64 v_steps;
 	u64 probs;   /* u32 [n_q][max_ctx] scratch: scores, then exp */
@@ -62,6 +65,7 @@ struct attention_i8_args {
 	u32 pos, max_ctx, n_q, n_kv, hd;
 	u32 kv0, kv1; /* this run's kv heads: kv0..kv1 (their rows are appended, their groups attended) */
 	s32 scale_q22;
+	u32 codes_stride, steps_stride; /* >= max_ctx * hd and max_ctx * 4 */
 };
 
 /* x[d] / 2^sh[d], rounded half up (sh[d] = 0: x[d]); sha == 0: no shifts. */
@@ -324,7 +328,7 @@ static __always_inline s64 kv8_score(s64 dot, u32 kstep, u32 e, s64 scale)
 
 /* The arena addresses one pair of query heads works on (see kv8_attend_pair). */
 struct kv8_pair {
-	u64 ks, vs;   /* kv head j's key and value steps at position 0 (u32, n_kv apart) */
+	u64 ks, vs;   /* kv head j's key and value steps at position 0 (u32 [max_ctx]) */
 	u64 pa0, pa1; /* the two heads' score / probability rows (u32 [max_ctx]) */
 	u64 wva;      /* the pair's packed dot products, then value weights (u64 [max_ctx]) */
 	u64 acc;      /* the pair's packed value sums (u64 [hd]) */
@@ -333,8 +337,8 @@ struct kv8_pair {
 static __always_inline void kv8_pair_at(struct attention_i8_args *a, u32 j, u32 h0, u32 pair,
 					struct kv8_pair *p)
 {
-	p->ks = a->k_steps + (u64)j * 4;
-	p->vs = a->v_steps + (u64)j * 4;
+	p->ks = a->k_steps + (u64)j * a->steps_stride;
+	p->vs = a->v_steps + (u64)j * a->steps_stride;
 	p->pa0 = a->probs + (u64)h0 * a->max_ctx * 4;
 	p->pa1 = p->pa0 + (u64)a->max_ctx * 4;
 	p->wva = a->wv + (u64)pair * a->max_ctx * 8;
@@ -353,7 +357,7 @@ __noinline int kv8_scores(struct attention_i8_args *a __arg_nonnull, u32 j, u32 
 			  u32 two_e)
 {
 	struct kv8_pair p;
-	u32 npos = a->pos + 1, n_kv = a->n_kv, two = two_e & 1;
+	u32 npos = a->pos + 1, two = two_e & 1;
 	u32 e0 = (two_e >> 8) & 0xff, e1 = (two_e >> 16) & 0xff;
 	s64 scale = a->scale_q22, m0 = -ACT_MAX, m1 = -ACT_MAX;
 	u64 vmax = 0;
@@ -368,7 +372,7 @@ __noinline int kv8_scores(struct attention_i8_args *a __arg_nonnull, u32 j, u32 
 
 	for (u32 t = 0; t < npos && can_loop; t++) {
 		u64 w = wv[t]; /* this pair's packed dot products, until step 4 */
-		u32 kstep = ks[(u64)t * n_kv], vstep = vs[(u64)t * n_kv];
+		u32 kstep = ks[t], vstep = vs[t];
 		s64 s0 = kv8_score(lane0(w), kstep, e0, scale);
 
 		p0[t] = (u32)(s32)s0;
@@ -393,7 +397,7 @@ __noinline int kv8_weights(struct attention_i8_args *a __arg_nonnull, u32 j, u32
 			   u32 two)
 {
 	struct kv8_pair p;
-	u32 npos = a->pos + 1, n_kv = a->n_kv;
+	u32 npos = a->pos + 1;
 
 	kv8_pair_at(a, j, h0, pair, &p);
 	u64 __arena *wv = ARENA_PTR(u64, p.wva);
@@ -404,7 +408,7 @@ __noinline int kv8_weights(struct attention_i8_args *a __arg_nonnull, u32 j, u32
 	u64 inv0 = acc[0], inv1 = acc[1], invv = acc[2];
 
 	for (u32 t = 0; t < npos && can_loop; t++) {
-		u64 r = ((u64)vs[(u64)t * n_kv] * invv) >> 32;
+		u64 r = ((u64)vs[t] * invv) >> 32;
 		u64 w0 = ((((u64)p0[t] * inv0) >> 32) * r) >> Q_ONE;
 		u64 w1 = two ? ((((u64)p1[t] * inv1) >> 32) * r) >> Q_ONE : 0;
 
@@ -419,7 +423,7 @@ __noinline int kv8_attend_pair(struct attention_i8_args *a __arg_nonnull, u32 j,
 {
 	struct kv8_pair p;
 	u32 hd = a->hd, npos = a->pos + 1;
-	u64 kvd = (u64)a->n_kv * hd;
+	u64 kc = a->k_codes + (u64)j * a->codes_stride, vc = a->v_codes + (u64)j * a->codes_stride;
 	u64 __arena *accp;
 	s64 m0, m1;
 	u64 sum0, sum1 = 1ULL << Q_ONE, vmax;
@@ -434,7 +438,7 @@ __noinline int kv8_attend_pair(struct attention_i8_args *a __arg_nonnull, u32 j,
 	if (e0 > 60 || e1 > 60)
 		return 1;
 	/* 2. scores of both heads, their maxima, and the largest value step */
-	kv8_dots(a->qq + (u64)pair * hd * 8, a->k_codes + (u64)j * hd, kvd, p.wva, hd | (u64)npos << 32);
+	kv8_dots(a->qq + (u64)pair * hd * 8, kc, hd, p.wva, hd | (u64)npos << 32);
 	kv8_scores(a, j, h0, pair, two | e0 << 8 | e1 << 16);
 	m0 = (s64)accp[0];
 	m1 = (s64)accp[1];
@@ -456,7 +460,7 @@ __noinline int kv8_attend_pair(struct attention_i8_args *a __arg_nonnull, u32 j,
 	FOR(blk, 0, (npos + KV8_TBLOCK - 1) / KV8_TBLOCK) {
 		u32 t0 = blk * KV8_TBLOCK;
 
-		kv8_axpys(p.acc, p.wva + (u64)t0 * 8, a->v_codes + (u64)j * hd + (u64)t0 * kvd, kvd,
+		kv8_axpys(p.acc, p.wva + (u64)t0 * 8, vc + (u64)t0 * hd, hd,
 			  hd | (u64)(npos - t0) << 32);
 	}
 	FOR(d, 0, hd) {
@@ -475,21 +479,20 @@ __noinline int kv8_attend_pair(struct attention_i8_args *a __arg_nonnull, u32 j,
 OP(attention_i8, struct attention_i8_args)
 {
 	u32 hd = a->hd, n_kv = a->n_kv, g, pairs;
-	u64 row = (u64)a->pos * n_kv;
 
 	USE_ARENA(arena);
 	if (a->pos >= a->max_ctx || n_kv == 0 || a->n_q % n_kv || hd < 4 || hd > KV8_HD_MAX ||
-	    a->kv0 >= a->kv1 || a->kv1 > n_kv)
+	    a->kv0 >= a->kv1 || a->kv1 > n_kv || a->codes_stride < (u64)a->max_ctx * hd ||
+	    a->steps_stride < (u64)a->max_ctx * 4)
 		return 1;
 	g = a->n_q / n_kv;
 	pairs = (g + 1) / 2;
 	FOR(j, a->kv0, a->kv1) {
-		u64 at = row + j;
+		u64 c = (u64)j * a->codes_stride + (u64)a->pos * hd;
+		u64 st = (u64)j * a->steps_stride + (u64)a->pos * 4;
 
-		kv8_quant_row(a->k + (u64)j * hd * 4, a->k_codes + at * hd, a->k_steps + at * 4,
-			      a->ksh, hd);
-		kv8_quant_row(a->v + (u64)j * hd * 4, a->v_codes + at * hd, a->v_steps + at * 4, 0,
-			      hd);
+		kv8_quant_row(a->k + (u64)j * hd * 4, a->k_codes + c, a->k_steps + st, a->ksh, hd);
+		kv8_quant_row(a->v + (u64)j * hd * 4, a->v_codes + c, a->v_steps + st, 0, hd);
 	}
 	FOR(j, a->kv0, a->kv1) {
 		FOR(i, 0, pairs) {

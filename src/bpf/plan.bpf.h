@@ -19,7 +19,7 @@
  * User space then runs the token per operator (a token's step rewrites everything it reads). */
 #pragma once
 
-#define PLAN_ARGS_WORDS 20 /* u64 words of a slot's ctx (the largest, attention_i8_args: 18) */
+#define PLAN_ARGS_WORDS 20 /* u64 words of a slot's ctx (the largest, attention_i8_args: 19) */
 #define PLAN_PATCHES 2
 #define PLAN_THREADS_MAX 8
 #define PLAN_SYNC 1 /* flags: every thread waits here until all have finished this entry */

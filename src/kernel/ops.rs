@@ -870,14 +870,18 @@ pub struct AttentionI8Buffers {
     pub k: Region,
     /// This position's values `[n_kv][hd]` (Q16).
     pub v: Region,
-    /// The layer's key codes `[max_ctx][n_kv][hd]` (i8).
+    /// The layer's key codes `[n_kv][max_ctx][hd]` (i8), the kv heads `codes_stride` bytes apart.
     pub k_codes: Region,
-    /// The layer's key steps `[max_ctx][n_kv]` (u32).
+    /// The layer's key steps `[n_kv][max_ctx]` (u32), the kv heads `steps_stride` bytes apart.
     pub k_steps: Region,
-    /// The layer's value codes.
+    /// The layer's value codes, laid out as the key codes.
     pub v_codes: Region,
-    /// The layer's value steps.
+    /// The layer's value steps, laid out as the key steps.
     pub v_steps: Region,
+    /// Bytes from one kv head's codes to the next (at least `max_ctx * hd`).
+    pub codes_stride: usize,
+    /// Bytes from one kv head's steps to the next (at least `max_ctx * 4`).
+    pub steps_stride: usize,
     /// Scratch `[n_q][max_ctx]` u32.
     pub probs: Region,
     /// Scratch `[n_pairs][max_ctx]` u64.
@@ -962,6 +966,32 @@ impl Ops {
         } else {
             1
         };
+        // every kv head's part inside its region, the strides in the kernel's u32
+        let n_kv = s.n_kv.max(1);
+        let fits = |r: Region, stride: usize, row: usize| {
+            stride >= s.max_ctx * row
+                && stride <= u32::MAX as usize
+                && r.len >= (n_kv - 1) * stride + s.max_ctx * row
+        };
+        if !(fits(b.k_codes, b.codes_stride, s.hd)
+            && fits(b.v_codes, b.codes_stride, s.hd)
+            && fits(b.k_steps, b.steps_stride, 4)
+            && fits(b.v_steps, b.steps_stride, 4))
+        {
+            return Err(Error::Invalid(format!(
+                "attention_i8: code and step arrays of {} kv heads, {} positions and head_dim {} \
+                 do not fit regions of {}/{}/{}/{} bytes with head strides {} and {}",
+                s.n_kv,
+                s.max_ctx,
+                s.hd,
+                b.k_codes.len,
+                b.k_steps.len,
+                b.v_codes.len,
+                b.v_steps.len,
+                b.codes_stride,
+                b.steps_stride
+            )));
+        }
         let a = |r: Region| self.addr_of(r);
         let mut parts: Vec<attention_i8_args> = (0..n)
             .map(|i| attention_i8_args {
@@ -987,6 +1017,8 @@ impl Ops {
                 kv0: (i * s.n_kv / n) as u32,
                 kv1: ((i + 1) * s.n_kv / n) as u32,
                 scale_q22,
+                codes_stride: b.codes_stride as u32,
+                steps_stride: b.steps_stride as u32,
             })
             .collect();
         self.patch_next(vec![Patch::new(
