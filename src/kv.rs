@@ -4,10 +4,10 @@
 //! Each layer keeps a few arrays indexed by position first (`[max_ctx][...]`), so the bytes of
 //! positions `0..n` are a prefix of every array. The int8 format's arrays are split by kv head
 //! (`[n_kv][max_ctx][...]`, each head's part page aligned), so that attention, which reads one
-//! head over all positions, reads consecutive bytes; each head part is such a prefix array. The whole cache is reserved for `max_context`
-//! when a model opens, but kernel memory is committed (arena pages faulted in from user space) in
-//! steps of [`COMMIT_STEP`] positions ahead of use, because a BPF store to an arena page that was
-//! never committed is silently dropped.
+//! head over all positions, reads consecutive bytes; each head's part is such a prefix array.
+//! The whole cache is reserved for `max_context` when a model opens, but kernel memory is
+//! committed (arena pages faulted in from user space) in steps of [`COMMIT_STEP`] positions ahead
+//! of use, because a BPF store to an arena page that was never committed is silently dropped.
 
 use std::fs::File;
 use std::io::{Read, Write};
@@ -52,11 +52,11 @@ impl KvFormat {
     /// A layer's arrays, each as (bytes per position of one part, parts): Q16 K, V (`[max_ctx]
     /// [n_kv * hd]` i32, one part); Int8 K codes, K steps, V codes, V steps (`[n_kv][max_ctx][hd]`
     /// i8 and `[n_kv][max_ctx]` u32, one part per kv head).
-    fn arrays(self, cfg: &Config) -> [(usize, usize); 4] {
+    fn arrays(self, cfg: &Config) -> Vec<(usize, usize)> {
         let (kvd, n_kv, hd) = (cfg.kv_dim(), cfg.num_key_value_heads, cfg.head_dim());
         match self {
-            KvFormat::Q16 => [(kvd * 4, 1), (kvd * 4, 1), (0, 0), (0, 0)],
-            KvFormat::Int8 => [(hd, n_kv), (4, n_kv), (hd, n_kv), (4, n_kv)],
+            KvFormat::Q16 => vec![(kvd * 4, 1), (kvd * 4, 1)],
+            KvFormat::Int8 => vec![(hd, n_kv), (4, n_kv), (hd, n_kv), (4, n_kv)],
         }
     }
 
@@ -126,7 +126,7 @@ impl KvCache {
         let (mut layers, mut arrays) = (vec![], vec![]);
         for _ in 0..cfg.num_hidden_layers {
             let (mut parts, mut spans) = (vec![], vec![]);
-            for (row, n) in format.arrays(cfg).into_iter().filter(|a| a.1 > 0) {
+            for (row, n) in format.arrays(cfg) {
                 // one reservation, its parts page aligned: each is committed and saved by prefix
                 let stride = pages(max_ctx, row);
                 let whole = arena.reserve(n * stride, "KV cache")?;
