@@ -77,24 +77,33 @@ impl KvFormat {
 /// Positions committed at a time, ahead of use.
 pub const COMMIT_STEP: usize = 256;
 
-/// One array of a layer as the attention kernels take it: its parts (one per kv head in the
-/// int8 format) `stride` bytes apart, `span` covering all of them.
+/// One array of a layer: `parts` parts (one per kv head in the int8 format, else one) of
+/// `max_ctx` rows of `row` bytes, each page aligned and `stride` bytes after the previous one;
+/// `span` covers all of them, as the attention kernels take it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct KvArray {
     pub span: Region,
     pub stride: usize,
+    row: usize,
+    parts: usize,
 }
 
-/// The KV cache of a model: per layer, one arena region per part of each array of its format.
+impl KvArray {
+    /// Part `j`: positions `0..max_ctx` of one kv head (or of all), a prefix array.
+    fn part(&self, j: usize) -> Region {
+        Region {
+            off: self.span.off + j * self.stride,
+            len: self.span.len - (self.parts - 1) * self.stride,
+        }
+    }
+}
+
+/// The KV cache of a model: per layer, the arrays of its format in the arena.
 #[derive(Debug)]
 pub(crate) struct KvCache {
     pub format: KvFormat,
-    /// `layers[l][i]`: part i of layer l (the parts of every array in order), `max_ctx *
-    /// row_bytes[i]` bytes.
-    layers: Vec<Vec<Region>>,
-    /// `arrays[l][a]`: array a of layer l, spanning its parts.
-    arrays: Vec<Vec<KvArray>>,
-    row_bytes: Vec<usize>,
+    /// `layers[l][a]`: array a of layer l.
+    layers: Vec<Vec<KvArray>>,
     max_ctx: usize,
     /// Positions whose bytes are committed in every array.
     committed: usize,
@@ -106,7 +115,7 @@ fn pages(n: usize, row: usize) -> usize {
 }
 
 impl KvCache {
-    /// Arena bytes reserved for `max_ctx` positions (page-rounded per array).
+    /// Arena bytes reserved for `max_ctx` positions (page-rounded per array part).
     pub fn reserved_bytes(format: KvFormat, cfg: &Config, max_ctx: usize) -> usize {
         let per_layer: usize = format
             .row_bytes(cfg)
@@ -123,32 +132,41 @@ impl KvCache {
         cfg: &Config,
         max_ctx: usize,
     ) -> Result<KvCache> {
-        let (mut layers, mut arrays) = (vec![], vec![]);
-        for _ in 0..cfg.num_hidden_layers {
-            let (mut parts, mut spans) = (vec![], vec![]);
-            for (row, n) in format.arrays(cfg) {
-                // one reservation, its parts page aligned: each is committed and saved by prefix
-                let stride = pages(max_ctx, row);
-                let whole = arena.reserve(n * stride, "KV cache")?;
-                for j in 0..n {
-                    parts.push(whole.sub(j * stride, max_ctx * row)?);
-                }
-                spans.push(KvArray {
-                    span: whole.sub(0, (n - 1) * stride + max_ctx * row)?,
-                    stride,
-                });
-            }
-            layers.push(parts);
-            arrays.push(spans);
-        }
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|_| {
+                format
+                    .arrays(cfg)
+                    .into_iter()
+                    .map(|(row, parts)| {
+                        // one reservation, its parts page aligned: each is committed and saved
+                        // by prefix
+                        let stride = pages(max_ctx, row);
+                        let whole = arena.reserve(parts * stride, "KV cache")?;
+                        Ok(KvArray {
+                            span: whole.sub(0, (parts - 1) * stride + max_ctx * row)?,
+                            stride,
+                            row,
+                            parts,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
         Ok(KvCache {
             format,
             layers,
-            arrays,
-            row_bytes: format.row_bytes(cfg),
             max_ctx,
             committed: 0,
         })
+    }
+
+    /// Every part of every array, with its row bytes, in file order (layer by layer, array by
+    /// array, kv head by kv head).
+    fn parts(&self) -> impl Iterator<Item = (Region, usize)> + '_ {
+        self.layers
+            .iter()
+            .flatten()
+            .flat_map(|a| (0..a.parts).map(move |j| (a.part(j), a.row)))
     }
 
     /// Commits memory for positions `0..n` (and up to [`COMMIT_STEP`] beyond), if not yet done.
@@ -160,50 +178,38 @@ impl KvCache {
             .div_ceil(COMMIT_STEP)
             .saturating_mul(COMMIT_STEP)
             .min(self.max_ctx);
-        for arrays in &self.layers {
-            for (&r, &row) in arrays.iter().zip(&self.row_bytes) {
-                arena.commit(r, pages(self.committed, row), pages(upto, row));
-            }
+        for (r, row) in self.parts() {
+            arena.commit(r, pages(self.committed, row), pages(upto, row));
         }
         self.committed = upto;
     }
 
     /// Array `a` of layer `l` (in the order of [`KvFormat`]'s arrays).
     pub fn array(&self, l: usize, a: usize) -> KvArray {
-        self.arrays[l][a]
+        self.layers[l][a]
     }
 
     /// Kernel memory committed so far.
     pub fn committed_bytes(&self) -> usize {
-        let per_layer: usize = self
-            .row_bytes
-            .iter()
-            .map(|&r| pages(self.committed, r))
-            .sum();
-        per_layer * self.layers.len()
+        self.parts()
+            .map(|(_, row)| pages(self.committed, row))
+            .sum()
     }
 
     /// Fills positions `have..to` of every array with copies of positions `0..have` (committed).
     pub fn repeat_rows(&self, arena: &mut Arena, have: usize, to: usize) -> Result<()> {
-        for arrays in &self.layers {
-            for (&r, &row) in arrays.iter().zip(&self.row_bytes) {
-                let bytes = arena.slice_mut::<u8>(r.sub(0, to * row)?)?;
-                for p in have..to {
-                    bytes.copy_within((p % have) * row..(p % have + 1) * row, p * row);
-                }
+        for (r, row) in self.parts() {
+            let bytes = arena.slice_mut::<u8>(r.sub(0, to * row)?)?;
+            for p in have..to {
+                bytes.copy_within((p % have) * row..(p % have + 1) * row, p * row);
             }
         }
         Ok(())
     }
 
-    /// The byte prefixes holding positions `0..n`, in file order (layer by layer, array by array).
+    /// The byte prefixes holding positions `0..n`, in file order.
     fn prefixes(&self, n: usize) -> impl Iterator<Item = Result<Region>> + '_ {
-        self.layers.iter().flat_map(move |arrays| {
-            arrays
-                .iter()
-                .zip(&self.row_bytes)
-                .map(move |(&r, &row)| r.sub(0, n * row))
-        })
+        self.parts().map(move |(r, row)| r.sub(0, n * row))
     }
 }
 
