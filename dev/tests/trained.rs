@@ -143,17 +143,11 @@ fn low_bit_stores_stay_close_to_the_reference_on_a_trained_model() {
         };
         let ((q16, g16), (i8l, g8)) = (run(KvFormat::Q16), run(KvFormat::Int8));
         let (kl, agree) = agreement(&q16, &i8l);
-        let change: Vec<f32> = q16
+        let largest = q16
             .iter()
             .zip(&i8l)
-            .map(|(a, b)| {
-                a.iter()
-                    .zip(b)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0, f32::max)
-            })
-            .collect();
-        let largest = change.iter().copied().fold(0.0, f32::max);
+            .flat_map(|(a, b)| a.iter().zip(b).map(|(x, y)| (x - y).abs()))
+            .fold(0.0, f32::max);
         let flips: Vec<(usize, f32)> = (0..q16.len())
             .filter(|&p| reference::argmax(&q16[p]) != reference::argmax(&i8l[p]))
             .map(|p| (p, margin(&q16[p])))
