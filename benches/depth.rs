@@ -1,10 +1,16 @@
 //! One decode step at context depth: the int4 store at depths 0, 1,024, 4,096, 16,384 and
 //! 40,959, for each KV format, in one run so that the ratios between depths and formats are
-//! comparable.
+//! comparable; then the floor under attention at each depth.
 //!
 //! ```text
 //! cargo bench --bench depth
+//! cargo bench --bench depth -- 'depth/int8/(0|4096)$|floor'   # the issue's ratio and its floor
 //! ```
+//!
+//! The `floor` group times the 64-bit multiplies that int8 attention needs at a depth (one per
+//! key or value code and pair of query heads: layers × kv heads × ⌈group / 2⌉ × positions ×
+//! head_dim × 2) as a bare BPF multiply loop (`qwen_bpf::kernel::floor`) on the model's threads:
+//! what the attention part of a step costs at the least on this machine, whatever its kernel.
 //!
 //! On the synthetic Qwen3-0.6B of `qwen_bpf::default_model` (or `$QWEN_BPF_BENCH_MODEL`). The
 //! cache is filled by repeating the K/V rows of a few real tokens (`Model::bench_fill_context`),
@@ -17,6 +23,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use qwen_bpf::kernel::floor::with_mul_peak;
 use qwen_bpf::{Backend, Checkpoint, KvFormat, Model, ModelOptions};
 
 /// The first token fed (" The").
@@ -91,5 +98,33 @@ fn depth(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, depth);
+/// The `floor` group: int8 attention's multiplies at each depth (position `d` attends `d + 1`
+/// positions), as bare BPF multiplies on the library's default thread count.
+fn floor(c: &mut Criterion) {
+    let cfg = Checkpoint::open(model_dir())
+        .expect("opening the model")
+        .config;
+    let threads = ModelOptions::default().threads;
+    let pairs = cfg.num_key_value_heads
+        * (cfg.num_attention_heads / cfg.num_key_value_heads).div_ceil(2);
+    let mut g = c.benchmark_group("floor");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5))
+        .throughput(Throughput::Elements(1));
+    with_mul_peak(|peak| {
+        for d in DEPTHS.iter().copied().filter(|&d| d > 0 && d < cfg.max_position_embeddings) {
+            let muls = (cfg.num_hidden_layers * pairs * (d + 1) * cfg.head_dim() * 2) as u64;
+            eprintln!("floor: attention at {d} positions: {muls} multiplies on {threads} threads");
+            g.bench_with_input(BenchmarkId::new("attention_i8_multiplies", d), &muls, |b, &m| {
+                b.iter(|| black_box(peak.run(m, threads).expect("BPF multiply peak")))
+            });
+        }
+        Ok(())
+    })
+    .expect("loading the multiply-peak program");
+    g.finish();
+}
+
+criterion_group!(benches, depth, floor);
 criterion_main!(benches);

@@ -1,11 +1,13 @@
 //! The kernel side: BPF objects built from `src/bpf/*.bpf.c`, the arena they share with user
 //! space, and running `SEC("syscall")` programs with `test_run`.
 //!
-//! One module per BPF object: [`probe`] (can this process use BPF here?) and [`ops`] (every
-//! operator of the forward pass), whose low-bit SWAR programs have their methods in
-//! [`swar_ops`]; [`arena`] is the user-space view of the shared memory.
+//! One module per BPF object: [`probe`] (can this process use BPF here?), [`floor`] (the BPF
+//! multiply peak, for benches) and [`ops`] (every operator of the forward pass), whose low-bit
+//! SWAR programs have their methods in [`swar_ops`]; [`arena`] is the user-space view of the
+//! shared memory.
 
 pub mod arena;
+pub mod floor;
 pub mod ops;
 pub mod probe;
 pub mod ring;
