@@ -105,20 +105,26 @@ fn floor(c: &mut Criterion) {
         .expect("opening the model")
         .config;
     let threads = ModelOptions::default().threads;
-    let pairs = cfg.num_key_value_heads
-        * (cfg.num_attention_heads / cfg.num_key_value_heads).div_ceil(2);
+    let pairs =
+        cfg.num_key_value_heads * (cfg.num_attention_heads / cfg.num_key_value_heads).div_ceil(2);
     let mut g = c.benchmark_group("floor");
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(5))
         .throughput(Throughput::Elements(1));
     with_mul_peak(|peak| {
-        for d in DEPTHS.iter().copied().filter(|&d| d > 0 && d < cfg.max_position_embeddings) {
+        for d in DEPTHS
+            .iter()
+            .copied()
+            .filter(|&d| d > 0 && d < cfg.max_position_embeddings)
+        {
             let muls = (cfg.num_hidden_layers * pairs * (d + 1) * cfg.head_dim() * 2) as u64;
             eprintln!("floor: attention at {d} positions: {muls} multiplies on {threads} threads");
-            g.bench_with_input(BenchmarkId::new("attention_i8_multiplies", d), &muls, |b, &m| {
-                b.iter(|| black_box(peak.run(m, threads).expect("BPF multiply peak")))
-            });
+            g.bench_with_input(
+                BenchmarkId::new("attention_i8_multiplies", d),
+                &muls,
+                |b, &m| b.iter(|| black_box(peak.run(m, threads).expect("BPF multiply peak"))),
+            );
         }
         Ok(())
     })

@@ -26,10 +26,22 @@ fn mul_peak_runs_the_multiplies_its_twin_computes() {
         "mul_peak_twin(1000) vs six chains multiplied out"
     );
     with_mul_peak(|peak| {
-        assert_eq!(peak.run(1000 * MULS_PER_ITER, 1)?, 1000 * MULS_PER_ITER, "one short run");
-        assert_eq!(peak.run(13, 2)?, 2 * MULS_PER_ITER, "rounded up to whole iterations per thread");
+        assert_eq!(
+            peak.run(1000 * MULS_PER_ITER, 1)?,
+            1000 * MULS_PER_ITER,
+            "one short run"
+        );
+        assert_eq!(
+            peak.run(13, 2)?,
+            2 * MULS_PER_ITER,
+            "rounded up to whole iterations per thread"
+        );
         let n = (ITERS_PER_RUN + 5) * MULS_PER_ITER;
-        assert_eq!(peak.run(n, 1)?, n, "a full run and a tail of five iterations");
+        assert_eq!(
+            peak.run(n, 1)?,
+            n,
+            "a full run and a tail of five iterations"
+        );
         assert!(peak.run(1, 0).is_err(), "zero threads is refused");
         Ok(())
     })

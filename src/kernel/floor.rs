@@ -6,10 +6,9 @@
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::OpenObject;
 
-use super::{check_kernel, load_error, test_run};
+use super::{load_skel, test_run};
 use crate::{Error, Result};
 
 mod skel {
@@ -38,14 +37,12 @@ pub struct MulPeak<'a> {
 
 /// Loads the multiply-peak program, hands it to `f`, and releases it when `f` returns.
 pub fn with_mul_peak<T>(f: impl FnOnce(&MulPeak<'_>) -> Result<T>) -> Result<T> {
-    check_kernel()?;
     let mut storage = MaybeUninit::<OpenObject>::uninit();
-    let open = FloorSkelBuilder::default()
-        .open(&mut storage)
-        .map_err(|e| load_error("the multiply-peak program", e))?;
-    let skel = open
-        .load()
-        .map_err(|e| load_error("the multiply-peak program", e))?;
+    let skel = load_skel(
+        FloorSkelBuilder::default(),
+        &mut storage,
+        "the multiply-peak program",
+    )?;
     f(&MulPeak {
         prog: skel.progs.mul_peak.as_fd(),
     })
@@ -86,7 +83,11 @@ impl MulPeak<'_> {
                     ..Default::default()
                 };
                 let rc = test_run(self.prog, "mul_peak", &mut args)?;
-                let want = if iters == ITERS_PER_RUN.min(per_thread) { full } else { tail_want };
+                let want = if iters == ITERS_PER_RUN.min(per_thread) {
+                    full
+                } else {
+                    tail_want
+                };
                 if rc != 0 || args.out != want {
                     return Err(Error::Bpf {
                         what: "mul_peak".into(),

@@ -14,10 +14,12 @@ pub mod ring;
 pub mod swar_ops;
 pub mod syscalls;
 
-use std::mem::size_of;
+use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsRawFd, BorrowedFd};
 
 use libbpf_rs::libbpf_sys;
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::OpenObject;
 
 use crate::{Error, Result};
 
@@ -171,6 +173,18 @@ pub fn classify(p: &ProbeResults) -> Result<()> {
 /// become distinct typed errors.
 pub fn check_kernel() -> Result<()> {
     classify(&probe_results())
+}
+
+/// Checks the kernel ([`check_kernel`]), then opens and loads the skeleton `builder` makes in
+/// `storage`, for the objects that need no set-up between the two; `what` names it in errors.
+pub(crate) fn load_skel<'obj, B: SkelBuilder<'obj>>(
+    builder: B,
+    storage: &'obj mut MaybeUninit<OpenObject>,
+    what: &str,
+) -> Result<<B::Output as OpenSkel<'obj>>::Output> {
+    check_kernel()?;
+    let open = builder.open(storage).map_err(|e| load_error(what, e))?;
+    open.load().map_err(|e| load_error(what, e))
 }
 
 /// Turns a libbpf-rs failure while opening or loading `what` into the crate's error.

@@ -4,10 +4,9 @@
 use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
 
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::OpenObject;
 
-use super::{check_kernel, load_error, test_run};
+use super::{load_skel, test_run};
 use crate::{Error, Result};
 
 mod skel {
@@ -25,14 +24,12 @@ use skel::{types::probe_args, ProbeSkelBuilder};
 /// Proves that BPF syscall programs, `bpf_loop` and arenas work for this process.
 /// Returns a typed error naming the missing capability or kernel feature otherwise.
 pub fn probe() -> Result<()> {
-    check_kernel()?;
     let mut storage = MaybeUninit::<OpenObject>::uninit();
-    let open = ProbeSkelBuilder::default()
-        .open(&mut storage)
-        .map_err(|e| load_error("the probe program", e))?;
-    let skel = open
-        .load()
-        .map_err(|e| load_error("the probe program", e))?;
+    let skel = load_skel(
+        ProbeSkelBuilder::default(),
+        &mut storage,
+        "the probe program",
+    )?;
     let base = super::arena::mapping(&skel.maps.probe_arena)? as *mut u32;
     // SAFETY: 64 u32 inside the one-page mapping.
     let buf = unsafe { std::slice::from_raw_parts_mut(base, 64) };
