@@ -40,7 +40,7 @@
  * once per three key rows and each value weight once per four channels, and are written with
  * KV8_MAC so that a multiply-add is three instructions. Their can_loop budgets: at most
  * ceil(max_ctx / 3) * hd / 8 < 900,000 iterations per kv8_dots call (max_ctx 40,960, hd 512) and
- * (hd / 4) * KV8_TBLOCK / 2 = 16,384 per kv8_axpys call, far below the kernel's 8M. */
+ * (hd / 4) * (KV8_TBLOCK / 8 + 7) = 4,992 per kv8_axpys call, far below the kernel's 8M. */
 #pragma once
 
 #define KV8_QMAX 32767  /* packed query codes */
@@ -241,17 +241,32 @@ __noinline int kv8_dots(u64 qqa, u64 ca, u64 stride, u64 outa, u64 hd_n)
 	return 0;
 }
 
+/* One value row's four channels into a0..a3: x = W[t] (woff = 8 t, a literal), ai += x * c[i],
+ * then c to the next row. The step is asm too: written as C, clang computes c + k * stride for
+ * the rows of an iteration from the first and runs out of registers (spills and reloads). */
+#define KV8_AXPY_ROW(a0, a1, a2, a3, x, w, woff, c, stride, t)                              \
+	do {                                                                                \
+		KV8_LOAD(x, w, woff);                                                       \
+		KV8_MAC(a0, x, c, 0, t);                                                    \
+		KV8_MAC(a1, x, c, 1, t);                                                    \
+		KV8_MAC(a2, x, c, 2, t);                                                    \
+		KV8_MAC(a3, x, c, 3, t);                                                    \
+		asm("%[cp] += %[st]" : [cp] "+r"(c) : [st] "r"(stride));                    \
+	} while (0)
+
 /* acc[d] += sum_t W[t] * c_t[d] (mod 2^64) for t < n, value row t at ca + t * stride: the value
  * rows into both heads' sums (hd_n = hd | n << 32, n capped at KV8_TBLOCK), four channels at a
- * time with their sums held in registers over all n rows, two rows per iteration. */
+ * time with their sums held in registers over all n rows, eight rows per iteration (the loop's
+ * may_goto count-down and bound check cost about ten x86 instructions per iteration; at two rows
+ * an iteration they were a fifth of the kernel), then the last n % 8 one at a time. */
 __noinline int kv8_axpys(u64 acca, u64 wa, u64 ca, u64 stride, u64 hd_n)
 {
 	u64 __arena *acc = ARENA_PTR(u64, acca);
-	u32 hd = (u32)hd_n, n = (u32)(hd_n >> 32), quads = hd / 4, pairs;
+	u32 hd = (u32)hd_n, n = (u32)(hd_n >> 32), quads = hd / 4, octs;
 
 	if (n > KV8_TBLOCK)
 		n = KV8_TBLOCK;
-	pairs = n / 2;
+	octs = n / 8;
 	FOR(b, 0, quads) {
 		u32 d = 4 * b;
 		const u64 __arena *w = ARENA_PTR(const u64, wa);
@@ -261,27 +276,20 @@ __noinline int kv8_axpys(u64 acca, u64 wa, u64 ca, u64 stride, u64 hd_n)
 		ARENA_CAST(w);
 		ARENA_CAST(c);
 
-		for (u32 t = 0; t < pairs && can_loop; t++) {
-			KV8_LOAD(x, w, 0);
-			KV8_MAC(a0, x, c, 0, tmp);
-			KV8_MAC(a1, x, c, 1, tmp);
-			KV8_MAC(a2, x, c, 2, tmp);
-			KV8_MAC(a3, x, c, 3, tmp);
-			c += stride;
-			KV8_LOAD(x, w, 8);
-			KV8_MAC(a0, x, c, 0, tmp);
-			KV8_MAC(a1, x, c, 1, tmp);
-			KV8_MAC(a2, x, c, 2, tmp);
-			KV8_MAC(a3, x, c, 3, tmp);
-			c += stride;
-			w += 2;
+		for (u32 t = 0; t < octs && can_loop; t++) {
+			KV8_AXPY_ROW(a0, a1, a2, a3, x, w, 0, c, stride, tmp);
+			KV8_AXPY_ROW(a0, a1, a2, a3, x, w, 8, c, stride, tmp);
+			KV8_AXPY_ROW(a0, a1, a2, a3, x, w, 16, c, stride, tmp);
+			KV8_AXPY_ROW(a0, a1, a2, a3, x, w, 24, c, stride, tmp);
+			KV8_AXPY_ROW(a0, a1, a2, a3, x, w, 32, c, stride, tmp);
+			KV8_AXPY_ROW(a0, a1, a2, a3, x, w, 40, c, stride, tmp);
+			KV8_AXPY_ROW(a0, a1, a2, a3, x, w, 48, c, stride, tmp);
+			KV8_AXPY_ROW(a0, a1, a2, a3, x, w, 56, c, stride, tmp);
+			w += 8;
 		}
-		if (n & 1) {
-			KV8_LOAD(x, w, 0);
-			KV8_MAC(a0, x, c, 0, tmp);
-			KV8_MAC(a1, x, c, 1, tmp);
-			KV8_MAC(a2, x, c, 2, tmp);
-			KV8_MAC(a3, x, c, 3, tmp);
+		for (u32 t = octs * 8; t < n && can_loop; t++) {
+			KV8_AXPY_ROW(a0, a1, a2, a3, x, w, 0, c, stride, tmp);
+			w++;
 		}
 		acc[d] = a0;
 		acc[d + 1] = a1;
