@@ -11,16 +11,7 @@ use libbpf_rs::OpenObject;
 use super::{load_skel, test_run};
 use crate::{Error, Result};
 
-mod skel {
-    #![allow(
-        missing_docs,
-        clippy::all,
-        non_camel_case_types,
-        dead_code,
-        unused_imports
-    )]
-    include!(concat!(env!("OUT_DIR"), "/floor.skel.rs"));
-}
+skel_module!(mod "floor.skel.rs");
 use skel::{types::mul_peak_args, FloorSkelBuilder};
 
 /// Multiplies per iteration of the program's loop.

@@ -6,6 +6,23 @@
 //! SWAR programs have their methods in [`swar_ops`]; [`arena`] is the user-space view of the
 //! shared memory.
 
+/// `[vis] mod skel`: the libbpf-rs skeleton that build.rs generated for one BPF object
+/// (`$OUT_DIR/<file>`), with the lints that generated code does not meet allowed.
+macro_rules! skel_module {
+    ($vis:vis mod $file:literal) => {
+        $vis mod skel {
+            #![allow(
+                missing_docs,
+                clippy::all,
+                non_camel_case_types,
+                dead_code,
+                unused_imports
+            )]
+            include!(concat!(env!("OUT_DIR"), "/", $file));
+        }
+    };
+}
+
 pub mod arena;
 pub mod floor;
 pub mod ops;

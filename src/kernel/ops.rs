@@ -13,16 +13,7 @@ use super::{load_error, test_run};
 use crate::plan::{self, Args, Entry, HeadFields, Patch, Var};
 use crate::{Error, Result};
 
-pub(crate) mod skel {
-    #![allow(
-        missing_docs,
-        clippy::all,
-        non_camel_case_types,
-        dead_code,
-        unused_imports
-    )]
-    include!(concat!(env!("OUT_DIR"), "/ops.skel.rs"));
-}
+skel_module!(pub(crate) mod "ops.skel.rs");
 /// The event path's configuration (`struct ev_config`).
 pub(crate) use skel::types::ev_config as EventCfg;
 pub use skel::types::formats_args as Formats;

@@ -9,16 +9,7 @@ use libbpf_rs::OpenObject;
 use super::{load_skel, test_run};
 use crate::{Error, Result};
 
-mod skel {
-    #![allow(
-        missing_docs,
-        clippy::all,
-        non_camel_case_types,
-        dead_code,
-        unused_imports
-    )]
-    include!(concat!(env!("OUT_DIR"), "/probe.skel.rs"));
-}
+skel_module!(mod "probe.skel.rs");
 use skel::{types::probe_args, ProbeSkelBuilder};
 
 /// Proves that BPF syscall programs, `bpf_loop` and arenas work for this process.

@@ -9,16 +9,7 @@ use libbpf_rs::OpenObject;
 use super::load_error;
 use crate::{Error, Result};
 
-mod skel {
-    #![allow(
-        missing_docs,
-        clippy::all,
-        non_camel_case_types,
-        dead_code,
-        unused_imports
-    )]
-    include!(concat!(env!("OUT_DIR"), "/syscalls.skel.rs"));
-}
+skel_module!(mod "syscalls.skel.rs");
 use skel::{SyscallsSkel, SyscallsSkelBuilder};
 
 /// `__NR_bpf` of the architecture this was built for.
