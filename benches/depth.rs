@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qwen_bpf::kernel::floor::with_mul_peak;
+use qwen_bpf::kernel::ops::kv8_pairs;
 use qwen_bpf::{Backend, Checkpoint, KvFormat, Model, ModelOptions};
 
 /// The first token fed (" The").
@@ -105,8 +106,7 @@ fn floor(c: &mut Criterion) {
         .expect("opening the model")
         .config;
     let threads = ModelOptions::default().threads;
-    let pairs =
-        cfg.num_key_value_heads * (cfg.num_attention_heads / cfg.num_key_value_heads).div_ceil(2);
+    let pairs = kv8_pairs(cfg.num_attention_heads, cfg.num_key_value_heads);
     let mut g = c.benchmark_group("floor");
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(1))

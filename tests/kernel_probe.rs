@@ -12,13 +12,12 @@ fn probe_loads_runs_and_sums_through_the_arena() {
 /// count that needs a full run plus a tail.
 #[test]
 fn mul_peak_runs_the_multiplies_its_twin_computes() {
-    use qwen_bpf::kernel::floor::{mul_peak_twin, with_mul_peak, ITERS_PER_RUN, MULS_PER_ITER};
+    use qwen_bpf::kernel::floor::{mul_peak_twin, with_mul_peak, ITERS_PER_RUN, MULS_PER_ITER, X};
 
-    // the twin against the loop it stands for: c_j <- c_j * x, twice per iteration
-    let x: u64 = 0x9e37_79b9_7f4a_7c15;
+    // the twin against the loop it stands for: c_j <- c_j * X, twice per iteration
     let mut c = [1u64, 2, 3, 4, 5, 6];
     for _ in 0..2 * 1000 {
-        c.iter_mut().for_each(|c| *c = c.wrapping_mul(x));
+        c.iter_mut().for_each(|c| *c = c.wrapping_mul(X));
     }
     assert_eq!(
         mul_peak_twin(1000),

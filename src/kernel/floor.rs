@@ -19,7 +19,7 @@ pub const MULS_PER_ITER: u64 = 12;
 /// Iterations per program run (`MUL_PEAK_ITERS_MAX` in floor.bpf.c).
 pub const ITERS_PER_RUN: u64 = 4_000_000;
 /// The chains' multiplier: odd, so that no chain reaches zero.
-const X: u64 = 0x9e37_79b9_7f4a_7c15;
+pub const X: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// The loaded multiply-peak program, lent to the closure of [`with_mul_peak`].
 pub struct MulPeak<'a> {
@@ -39,10 +39,9 @@ pub fn with_mul_peak<T>(f: impl FnOnce(&MulPeak<'_>) -> Result<T>) -> Result<T> 
     })
 }
 
-/// The twin of one run of `iters` (at most [`ITERS_PER_RUN`]) iterations:
-/// `xor_j (j + 1) * X^(2 iters)` (mod 2^64).
-pub fn mul_peak_twin(iters: u64) -> u64 {
-    let p = X.wrapping_pow(2 * iters.min(ITERS_PER_RUN) as u32);
+/// The twin of one run of `iters` iterations: `xor_j (j + 1) * (X^2)^iters` (mod 2^64).
+pub fn mul_peak_twin(iters: u32) -> u64 {
+    let p = X.wrapping_mul(X).wrapping_pow(iters);
     (1..=6u64).fold(0, |acc, j| acc ^ j.wrapping_mul(p))
 }
 
@@ -60,25 +59,17 @@ impl MulPeak<'_> {
             });
         }
         let per_thread = multiplies.div_ceil(threads as u64).div_ceil(MULS_PER_ITER);
-        // the twins of the (at most two) run lengths, computed before the timed work
-        let full = mul_peak_twin(ITERS_PER_RUN.min(per_thread));
-        let tail = per_thread % ITERS_PER_RUN;
-        let tail_want = mul_peak_twin(tail);
         let work = || -> Result<()> {
             let mut left = per_thread;
             while left > 0 {
-                let iters = left.min(ITERS_PER_RUN);
+                let iters = left.min(ITERS_PER_RUN) as u32;
                 let mut args = mul_peak_args {
                     x: X,
-                    iters: iters as u32,
+                    iters,
                     ..Default::default()
                 };
                 let rc = test_run(self.prog, "mul_peak", &mut args)?;
-                let want = if iters == ITERS_PER_RUN.min(per_thread) {
-                    full
-                } else {
-                    tail_want
-                };
+                let want = mul_peak_twin(iters); // about 25 multiplies: square and multiply
                 if rc != 0 || args.out != want {
                     return Err(Error::Bpf {
                         what: "mul_peak".into(),
@@ -88,7 +79,7 @@ impl MulPeak<'_> {
                         ),
                     });
                 }
-                left -= iters;
+                left -= u64::from(iters);
             }
             Ok(())
         };
