@@ -7,20 +7,20 @@
 //!
 //! * `decode`: time per generated token (one forward pass with greedy argmax) of the f32
 //!   reference (one thread) and of each BPF weight store, on the synthetic Qwen3-0.6B of
-//!   `qwen_bpf::default_model` (generated once, ~1.2 GB, plus each store's cache on its first
+//!   `qwen_bpf::hf::default_model` (generated once, ~1.2 GB, plus each store's cache on its first
 //!   load), or on the model directory in `$QWEN_BPF_BENCH_MODEL`. Throughput is tokens/s.
 //! * `dispatch`: per store (q24, int4, int8), one decode step per operator run from user space
 //!   (`per-op`) and as one `run_plan` invocation per thread (`kernel`), each with the store's
 //!   default head (q24: screened) and with the full exact head (`-exact`), and 8 tokens
 //!   generated in the kernel per iteration (`kernel-loop`, exact head), on one model per store
 //!   switched between them (`Model::set_dispatch`): `cargo bench --bench decode -- dispatch`.
-//! * `screened_head`: `next_token` with the screened LM head (`qwen_bpf::screen`, the default)
+//! * `screened_head`: `next_token` with the screened LM head (`qwen_bpf::num::bound`, the default)
 //!   against the full exact head, for the q24 and int4 stores, on one model per store switched
 //!   between the two (`Model::set_screened_head`), so that their ratio is measured in one run:
 //!   `cargo bench --bench decode -- screened_head`.
 //! * `kernels`: the plain Q24 matrix-vector product, BPF (`Ops::matvec`) vs its Rust twin
-//!   (`qwen_bpf::fixed::matvec`), and the SWAR W4A8 / W8A16 kernels (`Ops::w4a8_matvec`,
-//!   `Ops::w8a16_matvec`) vs theirs (`qwen_bpf::swar::matvec_quantized`), at the 0.6B shapes, in
+//!   (`qwen_bpf::num::fixed::matvec`), and the SWAR W4A8 / W8A16 kernels (`Ops::w4a8_matvec`,
+//!   `Ops::w8a16_matvec`) vs theirs (`qwen_bpf::num::swar::matvec_quantized`), at the 0.6B shapes, in
 //!   one run so that their ratios are comparable. Throughput elements are multiply-adds, so
 //!   criterion's `elem/s` is MAC/s.
 //!
@@ -44,8 +44,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::{Batch, Ops};
-use qwen_bpf::reference::{self, Reference};
-use qwen_bpf::{fixed, swar};
+use qwen_bpf::verify::reference::{self, Reference};
+use qwen_bpf::num::{fixed, swar};
 use qwen_bpf::{Backend, Checkpoint, Dispatch, GenerateOptions, Model, ModelOptions};
 
 #[path = "../tests/common/rng.rs"]
@@ -231,7 +231,7 @@ fn kernels(c: &mut Criterion) {
     }
     let bytes: usize = SHAPES
         .iter()
-        .map(|&(r, k)| (r * k + k + r) * 4 * 3 + 16 * 4096 + 2 * qwen_bpf::swar::QuantX::bytes(k))
+        .map(|&(r, k)| (r * k + k + r) * 4 * 3 + 16 * 4096 + 2 * qwen_bpf::num::swar::QuantX::bytes(k))
         .sum();
     let mut ops = Ops::load(bytes).expect("loading the operator programs (needs root / CAP_BPF)");
     let mut g = c.benchmark_group("kernels");

@@ -12,7 +12,7 @@
 //! head_dim × 2) as a bare BPF multiply loop (`qwen_bpf::kernel::floor`) on the model's threads:
 //! what the attention part of a step costs at the least on this machine, whatever its kernel.
 //!
-//! On the synthetic Qwen3-0.6B of `qwen_bpf::default_model` (or `$QWEN_BPF_BENCH_MODEL`). The
+//! On the synthetic Qwen3-0.6B of `qwen_bpf::hf::default_model` (or `$QWEN_BPF_BENCH_MODEL`). The
 //! cache is filled by repeating the K/V rows of a few real tokens (`Model::bench_fill_context`),
 //! not by decoding 40,000 tokens: attention costs the same whatever the rows hold. Q16 KV stops
 //! at the deepest context whose cache (224 KiB per position at the 0.6B shape) fits the 4 GiB

@@ -7,7 +7,7 @@
 //!     [--tg 128] [--reps 3] [--threads N] [--kv q16|int8] [--gguf FILE.gguf]
 //! ```
 //!
-//! Without `--model` it uses the default synthetic Qwen3-0.6B (`qwen_bpf::default_model`). With
+//! Without `--model` it uses the default synthetic Qwen3-0.6B (`qwen_bpf::hf::default_model`). With
 //! `--gguf` and a `llama-bench` on the PATH, llama.cpp's own table for the same tests and thread
 //! count follows ours (llama.cpp is not needed otherwise). Speeds differ from machine to machine:
 //! compare the rows of one run. Needs root (or CAP_BPF + CAP_PERFMON).
@@ -19,7 +19,8 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use clap::Parser;
-use qwen_bpf::{default_model, Backend, Checkpoint, KvFormat, Model, ModelOptions, Result};
+use qwen_bpf::hf::default_model;
+use qwen_bpf::{Backend, Checkpoint, KvFormat, Model, ModelOptions, Result};
 
 #[derive(Parser)]
 #[command(about = "Prompt-processing and generation speed per weight store (llama-bench style)")]

@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use qwen_bpf::reference::{self, Reference};
+use qwen_bpf::verify::reference::{self, Reference};
 use qwen_bpf::{Backend, Checkpoint, Error, KernelMemory, KvFormat, Model, ModelOptions, Result};
 
 /// Compare every weight store with the f32 reference.

@@ -26,7 +26,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use qwen_bpf::event::request_datagram;
+use qwen_bpf::run::event::request_datagram;
 use qwen_bpf::kernel::syscalls::BpfSyscalls;
 use qwen_bpf::{
     Backend, Config, Dispatch, Error, Event, EventConfig, FinishReason, GenerateOptions, KvFormat,
@@ -220,7 +220,7 @@ fn run(args: &Args) -> Result<()> {
     }
     let max_tokens = args.max_tokens as usize;
     let saved = match &args.load_context {
-        Some(path) => qwen_bpf::kv::saved_position(path)?,
+        Some(path) => qwen_bpf::model::kv::saved_position(path)?,
         None => 0,
     };
     let max_context = match args.max_context {

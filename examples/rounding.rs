@@ -4,7 +4,7 @@
 //! the mean |Δlogit|, the KL divergence and the argmax agreement. The perturbation is one of:
 //!
 //! * `--bits 4|8`: the weights rounded by the low-bit stores' own quantisers
-//!   (`qwen_bpf::swar::quantize_int4` / `quantize_int8`, dequantised). Compare with the int4 /
+//!   (`qwen_bpf::num::swar::quantize_int4` / `quantize_int8`, dequantised). Compare with the int4 /
 //!   int8 rows of `compare`: the difference is what the kernels and the activation quantisation
 //!   add to the rounding itself.
 //! * `--noise EPS`: Gaussian noise of EPS × each row's RMS added to every weight (seeded): how
@@ -26,9 +26,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use qwen_bpf::checkpoint::tensor_specs;
-use qwen_bpf::reference::{self, Reference};
-use qwen_bpf::swar::{self, PackedMatrix};
+use qwen_bpf::hf::checkpoint::tensor_specs;
+use qwen_bpf::verify::reference::{self, Reference};
+use qwen_bpf::num::swar::{self, PackedMatrix};
 use qwen_bpf::{Checkpoint, Error, Result};
 
 #[derive(Debug, Parser)]

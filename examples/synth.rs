@@ -1,4 +1,4 @@
-//! Writes a synthetic Qwen3 checkpoint (see `qwen_bpf::synth`).
+//! Writes a synthetic Qwen3 checkpoint (see `qwen_bpf::hf::synth`).
 //!
 //! ```text
 //! cargo run --release --example synth -- --preset tiny --out /tmp/tiny \
@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use clap::Parser;
-use qwen_bpf::synth::{self, KeyStyle, Preset, SynthOptions};
+use qwen_bpf::hf::synth::{self, KeyStyle, Preset, SynthOptions};
 
 /// Write a synthetic Qwen3 checkpoint with trained-like weight statistics.
 #[derive(Debug, Parser)]

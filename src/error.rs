@@ -172,7 +172,7 @@ pub enum Error {
         /// The numbers involved.
         msg: String,
     },
-    /// A model dimension beyond a bound of the kernels (see [`crate::limits`]), refused when the
+    /// A model dimension beyond a bound of the kernels (see [`crate::num::limits`]), refused when the
     /// model is opened, before anything is converted or loaded.
     #[error("{what} = {value}: the kernels need {limit}")]
     Limit {

@@ -37,75 +37,53 @@
 //!   model generation) through the [`log`](https://docs.rs/log) crate; progress bars are shown
 //!   only when [`ModelOptions::progress`] asks for them.
 //!
-//! The crate's modules are `#[doc(hidden)]`: they are its internals (the BPF kernel and arena,
-//! the weight stores, the fixed-point twins, the synthetic-checkpoint generator), public only so
-//! that its own tests, benches and examples can reach them, and not covered by semver.
+//! The internals (the layers below) are private; the `internals` feature makes them public,
+//! undocumented and outside semver, for this crate's own tests, benches, examples and `dev/`.
 #![warn(missing_docs)]
+#![cfg_attr(not(feature = "internals"), allow(dead_code))]
 
-mod forward;
+/// Declares the crate's layers: public (and hidden from the docs) with the `internals` feature,
+/// private without it. The order is the layering (`tests/layers.rs` checks it): a module may use
+/// its own layer and those listed before it, never one after it.
+macro_rules! layers {
+    ($($(#[$m:meta])* $name:ident;)*) => {$(
+        $(#[$m])*
+        #[cfg(feature = "internals")]
+        #[doc(hidden)]
+        pub mod $name;
+        $(#[$m])*
+        #[cfg(not(feature = "internals"))]
+        mod $name;
+    )*};
+}
 
-#[doc(hidden)]
-pub mod checkpoint;
-#[doc(hidden)]
-pub mod config;
-#[doc(hidden)]
-pub mod default_model;
-#[doc(hidden)]
-pub mod error;
-#[doc(hidden)]
-pub mod event;
-#[doc(hidden)]
-pub mod fixed;
-#[doc(hidden)]
-pub mod generate;
-#[doc(hidden)]
-pub mod in_kernel;
-#[doc(hidden)]
-pub mod kernel;
-#[doc(hidden)]
-pub mod kv;
-#[doc(hidden)]
-pub mod kv8;
-#[doc(hidden)]
-pub mod limits;
-#[doc(hidden)]
-pub mod model;
-#[doc(hidden)]
-pub mod plan;
-#[doc(hidden)]
-pub mod reference;
-#[doc(hidden)]
-pub mod sampling;
-#[doc(hidden)]
-pub mod screen;
-#[doc(hidden)]
-pub mod store;
-#[doc(hidden)]
-pub mod swar;
-#[doc(hidden)]
-pub mod synth;
-#[doc(hidden)]
-pub mod tokenizer;
-#[doc(hidden)]
-pub mod twin;
-#[doc(hidden)]
-pub mod twin_plan;
+layers! {
+    error;
+    hf;
+    types;
+    forward;
+    num;
+    kernel;
+    store;
+    verify;
+    model;
+    run;
+}
 
-pub use checkpoint::Checkpoint;
-pub use config::{Config, RopeParameters};
-pub use default_model::{default_model_dir, ensure_default_model, TOKENIZER_ENV};
 pub use error::{Error, Result};
-pub use event::{Event, EventConfig, EventCounters, EventServer, Refusal};
 pub use forward::Forward;
-pub use generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
-pub use in_kernel::{KernelGeneration, KernelText};
-pub use kv::{saved_position, KvFormat};
+pub use hf::checkpoint::Checkpoint;
+pub use hf::config::{Config, RopeParameters};
+pub use hf::default_model::{default_model_dir, ensure_default_model, TOKENIZER_ENV};
+pub use hf::tokenizer::{TextStream, Tokenizer};
+pub use model::kv::saved_position;
 pub use model::{KernelMemory, Model, ModelOptions};
-pub use plan::Dispatch;
-pub use reference::Reference;
-pub use sampling::{Candidate, Sampler, SamplingParams};
-pub use store::Backend;
-pub use tokenizer::{TextStream, Tokenizer};
+pub use run::event::{request_datagram, Event, EventConfig, EventCounters, EventServer, Refusal};
+pub use run::generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
+pub use run::in_kernel::{KernelGeneration, KernelText};
+pub use run::sampling::{Candidate, Sampler, SamplingParams};
+pub use types::{Backend, Dispatch, KvFormat};
+pub use verify::reference::Reference;
 
 /// A progress bar on stderr for long conversions (`total` items).
 pub(crate) fn progress_bar(total: u64, what: &str) -> indicatif::ProgressBar {

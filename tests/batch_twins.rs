@@ -7,11 +7,11 @@
 mod common;
 
 use common::Rng;
-use qwen_bpf::fixed;
+use qwen_bpf::num::fixed;
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::{Batch, Ops};
-use qwen_bpf::limits::BATCH_MAX;
-use qwen_bpf::swar::{self, PackedMatrix, QuantX, W4A8, W8A16};
+use qwen_bpf::num::limits::BATCH_MAX;
+use qwen_bpf::num::swar::{self, PackedMatrix, QuantX, W4A8, W8A16};
 
 /// Vectors per batch: odd, and past one thread part's worth of anything.
 const NB: usize = 5;

@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use qwen_bpf::synth::{KeyStyle, Preset, SynthOptions};
+use qwen_bpf::hf::synth::{KeyStyle, Preset, SynthOptions};
 use qwen_bpf::Checkpoint;
 use qwen_bpf::Reference;
 

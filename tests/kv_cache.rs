@@ -8,9 +8,9 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use qwen_bpf::kv::COMMIT_STEP;
-use qwen_bpf::reference::{kl_divergence, Reference};
-use qwen_bpf::twin::TwinModel;
+use qwen_bpf::model::kv::COMMIT_STEP;
+use qwen_bpf::verify::reference::{kl_divergence, Reference};
+use qwen_bpf::verify::twin::TwinModel;
 use qwen_bpf::{Backend, Checkpoint, Error, KvFormat, Model, ModelOptions};
 
 /// Ordinary Qwen3 ids, repeated as needed.
@@ -68,7 +68,7 @@ fn int8_kv_stays_close_to_q16_kv_and_the_reference() {
         );
         kl_kv = kl_kv.max(kl_divergence(&a, &b));
         kl_ref = kl_ref.max(kl_divergence(&c, &b));
-        same += (qwen_bpf::reference::argmax(&a) == qwen_bpf::reference::argmax(&b)) as usize;
+        same += (qwen_bpf::verify::reference::argmax(&a) == qwen_bpf::verify::reference::argmax(&b)) as usize;
     }
     // int8 K/V per (position, head) is a relative error of ~0.4 % of each row's largest value:
     // on this random-weight model it moves the next-token distribution by a KL of ~1e-4 at most
@@ -127,7 +127,7 @@ fn kv_memory_is_committed_only_for_positions_reached() {
 
 #[test]
 fn int8_kv_is_about_a_quarter_of_q16() {
-    let cfg = qwen_bpf::synth::Preset::Qwen3_0_6B.config();
+    let cfg = qwen_bpf::hf::synth::Preset::Qwen3_0_6B.config();
     let (q16, i8b) = (
         KvFormat::Q16.bytes_per_position(&cfg),
         KvFormat::Int8.bytes_per_position(&cfg),
@@ -208,8 +208,8 @@ fn damaged_or_foreign_contexts_are_refused_and_leave_the_model_unchanged() {
     let dir = common::tiny_model("model-tiny");
     let other = common::model_with(
         "model-tiny-other",
-        &qwen_bpf::synth::Preset::Tiny.config(),
-        &qwen_bpf::synth::SynthOptions {
+        &qwen_bpf::hf::synth::Preset::Tiny.config(),
+        &qwen_bpf::hf::synth::SynthOptions {
             seed: 99,
             ..Default::default()
         },

@@ -3,7 +3,7 @@
 
 mod common;
 
-use qwen_bpf::twin::TwinModel;
+use qwen_bpf::verify::twin::TwinModel;
 use qwen_bpf::{Checkpoint, Dispatch, Error, Forward, Model, ModelOptions, Reference};
 
 const TOKENS: [u32; 16] = [

@@ -1,11 +1,11 @@
-//! Every BPF operator against its Rust twin in `qwen_bpf::fixed`, bit for bit, on random inputs
+//! Every BPF operator against its Rust twin in `qwen_bpf::num::fixed`, bit for bit, on random inputs
 //! and on edge cases (largest norm weights, long attention history, negative and saturating
 //! values). These load real BPF programs: they need root (or CAP_BPF + CAP_PERFMON).
 
 mod common;
 
 use common::Rng;
-use qwen_bpf::fixed::{self, AttnShape};
+use qwen_bpf::num::fixed::{self, AttnShape};
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::{AttentionBuffers, Ops};
 
@@ -61,7 +61,7 @@ fn formats_agree_between_fixed_h_and_fixed_rs() {
             fixed::Q_SCALE,
             fixed::EXP2_BITS
         ),
-        "Q formats in src/bpf/fixed.h vs src/fixed.rs"
+        "Q formats in src/bpf/fixed.h vs src/num/fixed.rs"
     );
     assert_eq!(
         (f.log2e_q30, f.act_max),

@@ -1,4 +1,4 @@
-//! The third executor of the recorded plan: the Rust twins (`qwen_bpf::twin_plan`) run on a
+//! The third executor of the recorded plan: the Rust twins (`qwen_bpf::verify::twin_plan`) run on a
 //! model's own arena compute the same logits and argmax as the BPF kernel, bit for bit, for every
 //! weight store that records a plan, both KV formats, and one or two threads (whose plans split
 //! the LM head and the int8-KV attention into parts).
@@ -7,7 +7,9 @@ mod common;
 
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::Ops;
-use qwen_bpf::{swar, twin_plan, Backend, KvFormat, Model, ModelOptions};
+use qwen_bpf::num::swar;
+use qwen_bpf::verify::twin_plan;
+use qwen_bpf::{Backend, KvFormat, Model, ModelOptions};
 
 /// Tokens fed at positions 0, 1, ...: both ends of the vocabulary, a repeat.
 const TOKENS: [u32; 12] = [

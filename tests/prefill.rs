@@ -6,7 +6,7 @@
 
 mod common;
 
-use qwen_bpf::twin::TwinModel;
+use qwen_bpf::verify::twin::TwinModel;
 use qwen_bpf::{Backend, KvFormat, Model, ModelOptions};
 
 const MAX_CONTEXT: usize = 64;
@@ -113,7 +113,7 @@ fn blocked_prefill_equals_the_rust_twin() {
     }
     let want: Vec<f32> = want
         .iter()
-        .map(|&v| qwen_bpf::fixed::from_fixed(v, qwen_bpf::fixed::Q_ACT))
+        .map(|&v| qwen_bpf::num::fixed::from_fixed(v, qwen_bpf::num::fixed::Q_ACT))
         .collect();
     assert_eq!(
         got, want,

@@ -5,7 +5,7 @@
 mod common;
 
 use common::spread_tokens as tokens;
-use qwen_bpf::synth::{self, Preset, SynthOptions};
+use qwen_bpf::hf::synth::{self, Preset, SynthOptions};
 use qwen_bpf::Reference;
 use qwen_bpf::{Checkpoint, Error};
 

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use qwen_bpf::synth::{Preset, SynthOptions};
+use qwen_bpf::hf::synth::{Preset, SynthOptions};
 use qwen_bpf::Tokenizer;
 use qwen_bpf::{Candidate, Sampler, SamplingParams};
 use qwen_bpf::{Error, FinishReason, GenerateOptions, Model, ModelOptions};

@@ -1,4 +1,4 @@
-//! The screened LM head (`qwen_bpf::screen`): the BPF `screen_argmax` against its Rust twin and
+//! The screened LM head (`qwen_bpf::num::bound`): the BPF `screen_argmax` against its Rust twin and
 //! the full exact head, on random and adversarial heads; the error bound never violated (the
 //! proof's step 1–3, as a property test); and `Model::next_token` with the screen equal to the
 //! full head's argmax at every position of the test sequences, per store. Loads BPF programs:
@@ -7,11 +7,12 @@
 mod common;
 
 use common::Rng;
-use qwen_bpf::fixed::{self, rshr, sat32};
+use qwen_bpf::num::fixed::{self, rshr, sat32};
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::kernel::swar_ops::ExactHead;
-use qwen_bpf::screen::{self, Screen, ScreenWeights, ScreenedHead};
-use qwen_bpf::swar::{self, Format, Int8Matrix, PackedMatrix, W4A8, W8A16};
+use qwen_bpf::num::bound::{self as screen, Screen, ScreenWeights};
+use qwen_bpf::store::screen::ScreenedHead;
+use qwen_bpf::num::swar::{self, Format, Int8Matrix, PackedMatrix, W4A8, W8A16};
 use qwen_bpf::{Backend, Model, ModelOptions};
 
 const TOKENS: [u32; 16] = [

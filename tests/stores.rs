@@ -143,7 +143,7 @@ fn q24_cache_is_reused_and_rebuilt_when_truncated_corrupt_or_stale() {
 /// Mean and max |Δlogit| of `backend` against the f32 reference over TOKENS, and the share of
 /// positions whose argmax agrees.
 fn error_vs_reference(dir: &Path, backend: Backend) -> (f64, f32, f64) {
-    use qwen_bpf::reference::Reference;
+    use qwen_bpf::verify::reference::Reference;
     let mut m = open(dir, backend, dir);
     let mut r = Reference::new(&qwen_bpf::Checkpoint::open(dir).unwrap(), 32).unwrap();
     let (mut sum, mut n, mut max, mut agree) = (0f64, 0usize, 0f32, 0usize);

@@ -1,5 +1,5 @@
 //! The low-bit SWAR programs (`src/bpf/swar.bpf.h`) against their Rust twins in
-//! `qwen_bpf::swar`, bit for bit, at the model's real shapes and on edge cases; the twins'
+//! `qwen_bpf::num::swar`, bit for bit, at the model's real shapes and on edge cases; the twins'
 //! accuracy against f64 products of the original f32 weights and activations; and the
 //! quantisers' error bounds. These load real BPF programs: they need root (or CAP_BPF +
 //! CAP_PERFMON).
@@ -11,11 +11,11 @@
 mod common;
 
 use common::Rng;
-use qwen_bpf::fixed::ACT_MAX;
+use qwen_bpf::num::fixed::ACT_MAX;
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::kernel::swar_ops::{PackedRegions, QuantXRegion};
-use qwen_bpf::swar::{
+use qwen_bpf::num::swar::{
     self, Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, W4A8, W8A16,
 };
 
@@ -116,7 +116,7 @@ fn check_matvec<M: PackedMatrix>(
             .map(|&v| {
                 let v = v as i64;
                 if v.abs() >= 1 << 30 {
-                    v.signum() * (qwen_bpf::fixed::RES_MAX - (qwen_bpf::fixed::ACT_MAX - v.abs()))
+                    v.signum() * (qwen_bpf::num::fixed::RES_MAX - (qwen_bpf::num::fixed::ACT_MAX - v.abs()))
                 } else {
                     v << 16
                 }

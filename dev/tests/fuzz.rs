@@ -15,9 +15,9 @@ use std::sync::OnceLock;
 use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence};
-use qwen_bpf::checkpoint::tensor_specs;
+use qwen_bpf::hf::checkpoint::tensor_specs;
 use qwen_bpf::store::cache;
-use qwen_bpf::synth::{self, Preset, SynthOptions};
+use qwen_bpf::hf::synth::{self, Preset, SynthOptions};
 use qwen_bpf::{Checkpoint, Config, Error};
 use serde_json::Value;
 

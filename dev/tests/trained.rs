@@ -10,7 +10,7 @@ mod common;
 
 use std::process::Command;
 
-use qwen_bpf::reference::{self, Reference};
+use qwen_bpf::verify::reference::{self, Reference};
 use qwen_bpf::{Backend, Checkpoint, Dispatch, GenerateOptions, KvFormat, Model, ModelOptions};
 
 /// The evaluation text (not from the training corpus): its first [`N`] bytes, byte = token id.

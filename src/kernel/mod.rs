@@ -24,6 +24,7 @@ macro_rules! skel_module {
 }
 
 pub mod arena;
+pub mod plan;
 pub mod floor;
 pub mod ops;
 pub mod probe;

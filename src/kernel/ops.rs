@@ -10,7 +10,7 @@ use libbpf_rs::OpenObject;
 
 use super::arena::{self, Arena, Region, MAX_ARENA_BYTES, PAGE};
 use super::{load_error, test_run};
-use crate::plan::{self, Args, Entry, HeadFields, Patch, Var};
+use crate::kernel::plan::{self, Args, Entry, HeadFields, Patch, Var};
 use crate::{Error, Result};
 
 skel_module!(pub(crate) mod "ops.skel.rs");
@@ -254,7 +254,7 @@ impl Ops {
 
     /// How many threads large row-parallel operators are split across (default 1).
     pub fn set_threads(&mut self, threads: usize) {
-        self.threads = threads.clamp(1, crate::plan::THREADS_MAX);
+        self.threads = threads.clamp(1, crate::kernel::plan::THREADS_MAX);
     }
 
     /// The multiply-adds from which an operator is split across threads (default
@@ -801,12 +801,12 @@ impl Ops {
         ))
     }
 
-    /// Causal GQA attention at `pos` (see [`crate::fixed::attention`]).
+    /// Causal GQA attention at `pos` (see [`crate::num::fixed::attention`]).
     pub fn attention(
         &mut self,
         b: &AttentionBuffers,
         pos: usize,
-        s: crate::fixed::AttnShape,
+        s: crate::num::fixed::AttnShape,
         scale_q22: i32,
     ) -> Result<()> {
         // split by kv heads as attention_i8 is (a plan is recorded at position 0 for every one)
@@ -893,7 +893,7 @@ pub struct AttentionI8Buffers {
 /// consecutive, y's `y_stride` bytes apart.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Batch {
-    /// Vectors, 1..=[`crate::limits::BATCH_MAX`].
+    /// Vectors, 1..=[`crate::num::limits::BATCH_MAX`].
     pub n: usize,
     /// Bytes from one output vector to the next (unused when `n` is 1).
     pub y_stride: usize,
@@ -913,7 +913,7 @@ impl Batch {
         y: Region,
         y_end: usize,
     ) -> Result<()> {
-        let max = crate::limits::BATCH_MAX;
+        let max = crate::num::limits::BATCH_MAX;
         if self.n == 0 || self.n > max {
             return Err(Error::Invalid(format!(
                 "{what}: a batch of {} vectors (1..={max})",
@@ -940,13 +940,13 @@ pub fn kv8_pairs(n_q: usize, n_kv: usize) -> usize {
 }
 
 impl Ops {
-    /// Causal GQA attention at `pos` over the int8 KV cache (see [`crate::kv8::attention`]): the
+    /// Causal GQA attention at `pos` over the int8 KV cache (see [`crate::num::kv8::attention`]): the
     /// kv heads are split across threads once the step is large enough to gain from it.
     pub fn attention_i8(
         &mut self,
         b: &AttentionI8Buffers,
         pos: usize,
-        s: crate::fixed::AttnShape,
+        s: crate::num::fixed::AttnShape,
         scale_q22: i32,
     ) -> Result<()> {
         // A plan is recorded at position 0 and runs at every position: split it as for long

@@ -1,17 +1,17 @@
 //! The low-bit SWAR programs of `src/bpf/swar.bpf.h` (part of the operator object): uploading
 //! packed matrices into the arena, quantising activations, W4A8 / W8A16 matvec and LM head.
-//! Formats and layouts are documented in [`crate::swar`], whose functions are the bit-exact
+//! Formats and layouts are documented in [`crate::num::swar`], whose functions are the bit-exact
 //! twins of these programs.
 
 use super::arena::Region;
 use super::ops::{first_best, Batch, Ops, Rows};
-use crate::swar::{
+use crate::num::swar::{
     Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, K_MAX, W4A8, W8A16,
 };
 use crate::{Error, Result};
 
 use super::ops::skel::types::{quantize_x_args, screen_argmax_args, swar_mv_args};
-use crate::screen::TokenBound;
+use crate::num::bound::TokenBound;
 
 /// A packed matrix in the arena (see [`Ops::upload_int4`], [`Ops::upload_int8`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,7 +29,7 @@ pub struct PackedRegions {
 }
 
 /// An arena buffer for activations quantised per block of 32: `i64 q[k]` then the blocks
-/// (see [`crate::swar::QuantX`]). Filled by [`Ops::quantize_x`].
+/// (see [`crate::num::swar::QuantX`]). Filled by [`Ops::quantize_x`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QuantXRegion {
     /// The buffer, [`QuantX::bytes`]`(k)` long.
@@ -42,9 +42,9 @@ pub struct QuantXRegion {
 
 /// Arena bytes of [`Ops::alloc_unpack_scratch`] for matrices of up to `k_max` columns: one
 /// unpacked row block (16 bytes per column) for each of up to
-/// [`crate::plan::THREADS_MAX`] threads.
+/// [`crate::kernel::plan::THREADS_MAX`] threads.
 pub fn unpack_scratch_bytes(k_max: usize) -> usize {
-    crate::plan::THREADS_MAX * 16 * k_max
+    crate::kernel::plan::THREADS_MAX * 16 * k_max
 }
 
 fn invalid(msg: String) -> Error {
@@ -141,7 +141,7 @@ impl Ops {
     }
 
     /// Quantises the Q16 activations `x` (`k` i32) into `xq` in BPF: `quantize_x8` for W4A8,
-    /// `quantize_x16` for W8A16 (twins [`crate::swar::quantize_x8`], [`crate::swar::quantize_x16`]).
+    /// `quantize_x16` for W8A16 (twins [`crate::num::swar::quantize_x8`], [`crate::num::swar::quantize_x16`]).
     pub fn quantize_x(&mut self, x: Region, xq: &QuantXRegion) -> Result<()> {
         self.quantize_x_batch(x, xq, 1)
     }
@@ -149,7 +149,7 @@ impl Ops {
     /// [`Ops::quantize_x`] of `n` consecutive vectors (x i32 Q16 `[n][k]`) into `n` consecutive
     /// quantised vectors of `QuantX::bytes(k)` each.
     pub fn quantize_x_batch(&mut self, x: Region, xq: &QuantXRegion, n: usize) -> Result<()> {
-        let max = crate::limits::BATCH_MAX;
+        let max = crate::num::limits::BATCH_MAX;
         if n == 0 || n > max {
             return Err(invalid(format!(
                 "quantize_x: a batch of {n} vectors (1..={max})"
@@ -287,7 +287,7 @@ impl Ops {
                 ..a
             })
             .collect();
-        self.pending.1 = Some(crate::plan::HeadFields::at(
+        self.pending.1 = Some(crate::kernel::plan::HeadFields::at(
             std::mem::offset_of!(swar_mv_args, best),
             std::mem::offset_of!(swar_mv_args, best_val),
         ));
@@ -339,7 +339,7 @@ impl Ops {
 
     /// `y[r] = W x` (y i32 Q16) or, when `accumulate`, `y[r] += W x` (y the i64 Q32 residual
     /// stream), for r in `rows` (whole blocks of 8), W 4-bit, x from [`Ops::quantize_x`] into a
-    /// W4A8 buffer. Twins: [`crate::swar::matvec_quantized`], [`crate::swar::matvec_quantized_residual`].
+    /// W4A8 buffer. Twins: [`crate::num::swar::matvec_quantized`], [`crate::num::swar::matvec_quantized_residual`].
     pub fn w4a8_matvec(
         &mut self,
         m: &PackedRegions,
@@ -365,7 +365,7 @@ impl Ops {
     }
 
     /// 4-bit logits of `rows` (into `y` when given) and their argmax (row, Q16 logit), first on
-    /// ties. Twin: [`crate::swar::lm_head_argmax_quantized`].
+    /// ties. Twin: [`crate::num::swar::lm_head_argmax_quantized`].
     pub fn w4a8_lm_head_argmax(
         &mut self,
         m: &PackedRegions,
@@ -407,7 +407,7 @@ pub enum ExactHead {
     },
 }
 
-/// Arena regions of a screened head (see [`crate::screen`]).
+/// Arena regions of a screened head (see [`crate::num::bound`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScreenRegions {
     /// The screen logits, i32 `[rows]`.
@@ -434,7 +434,7 @@ pub struct ScreenResult {
 impl Ops {
     /// The exact argmax over `rows` rows of the head from screen logits already in `r.s`, the
     /// per-row norms and the token's bound factors (BPF `screen_argmax`, one run; twin:
-    /// [`crate::screen::candidates`] then [`crate::screen::rescore`]).
+    /// [`crate::num::bound::candidates`] then [`crate::num::bound::rescore`]).
     pub fn screen_argmax(
         &mut self,
         r: &ScreenRegions,

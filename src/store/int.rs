@@ -13,15 +13,16 @@ use std::path::Path;
 
 use super::cache::{self, CacheFile, Entry};
 use super::{Linear, Norm, ResidentNorms, WeightStore};
-use crate::checkpoint::tensor_specs;
-use crate::fixed::{self, Q_NORM, Q_W};
+use crate::hf::checkpoint::tensor_specs;
+use crate::num::fixed::{self, Q_NORM, Q_W};
 use crate::kernel::arena::Region;
 use crate::kernel::ops::{Batch, Ops, Rows};
 use crate::kernel::swar_ops::{
     unpack_scratch_bytes, ExactHead, PackedRegions, QuantXRegion, ScreenResult,
 };
-use crate::screen::{Screen, ScreenedHead};
-use crate::swar::{self, Format, PackedMatrix, W4A8, W8A16};
+use crate::num::bound::Screen;
+use crate::store::screen::ScreenedHead;
+use crate::num::swar::{self, Format, PackedMatrix, W4A8, W8A16};
 use crate::{Checkpoint, Config, Result};
 
 /// Which format each kind of matrix is stored in.
@@ -101,11 +102,11 @@ pub struct IntStore {
     screen: Option<ScreenedHead>,
 }
 
-/// The format of the int stores' head screen ([`crate::screen`]): 4-bit, screening their W8A16
+/// The format of the int stores' head screen ([`crate::num::bound`]): 4-bit, screening their W8A16
 /// head (an 8-bit screen would cost as much as the head). It prunes to ~1 % of the rows on the
 /// tiny synthetic model (hidden 64) but, at hidden 1024, its certified window (~`sqrt(hidden)`
 /// times the typical 4-bit error) covers nearly every row of the synthetic 0.6B; then the
-/// screen backs off ([`crate::screen::BACKOFF_MAX`]) and the exact head runs, so the screen
+/// screen backs off ([`crate::store::screen::BACKOFF_MAX`]) and the exact head runs, so the screen
 /// costs one W4A8 pass per 64 tokens where it cannot help.
 pub const SCREEN: Format = W4A8;
 
@@ -411,7 +412,7 @@ impl WeightStore for IntStore {
     fn enable_screen(&mut self) -> bool {
         self.screened = self.plan.lm_head == W8A16
             && self.cfg.hidden_size <= SCREEN_HIDDEN_MAX
-            && crate::screen::fits(SCREEN, self.cfg.vocab_size, self.cfg.hidden_size);
+            && crate::num::bound::fits(SCREEN, self.cfg.vocab_size, self.cfg.hidden_size);
         self.screened
     }
 

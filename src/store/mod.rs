@@ -9,11 +9,13 @@ pub mod arena_batch;
 pub mod cache;
 pub mod int;
 pub mod q24;
+pub mod screen;
 
 use std::path::Path;
 
 use crate::kernel::arena::Region;
 use crate::kernel::ops::{Batch, Ops, Rows};
+use crate::types::Backend;
 use crate::{Checkpoint, Config, Result};
 
 /// A linear layer of one decoder layer, as the forward pass uses it.
@@ -109,11 +111,11 @@ pub trait WeightStore: Send {
     ) -> Result<(usize, i32)>;
     /// The argmax (row, Q16 logit) of the whole head (`rows` is all of it), exactly what
     /// `lm_head(ops, x, None, rows)` returns. Stores with a screen ([`WeightStore::enable_screen`])
-    /// compute it at the screen's cost (see [`crate::screen`]).
+    /// compute it at the screen's cost (see [`crate::num::bound`]).
     fn lm_head_argmax(&mut self, ops: &mut Ops, x: Region, rows: Rows) -> Result<(usize, i32)> {
         self.lm_head(ops, x, None, rows)
     }
-    /// Asks for what a recorded plan ([`crate::plan`]) needs: every tensor an operator reads
+    /// Asks for what a recorded plan ([`crate::kernel::plan`]) needs: every tensor an operator reads
     /// resident in the arena (the int stores then keep their embedding table there too), and
     /// scratch for `contexts` contexts that may run at once; call before
     /// [`WeightStore::arena_bytes`]. Returns whether this store's operators can be planned:
@@ -152,7 +154,7 @@ impl ResidentNorms {
             .header
             .tensors
             .iter()
-            .filter(|e| e.q == crate::fixed::Q_NORM)
+            .filter(|e| e.q == crate::num::fixed::Q_NORM)
         {
             let r = ops.arena.alloc(e.len, "norm weights")?;
             ops.arena
@@ -215,19 +217,6 @@ pub fn linear_cols(cfg: &Config, m: Linear) -> usize {
     }
 }
 
-/// The weight-store backends `Model` can open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Backend {
-    /// Q24 weights converted once to a cache file and kept resident in the arena.
-    Q24,
-    /// The same Q24 cache, streamed through a 2 MiB arena window before each operator run.
-    Arena,
-    /// 4-bit attention and MLP weights, 8-bit LM head, SWAR kernels ([`int::INT4`]).
-    Int4,
-    /// 8-bit weights with 16-bit activations, SWAR kernels ([`int::INT8`]).
-    Int8,
-}
 
 impl Backend {
     /// Opens the store for `ck`, converting (and caching in `cache_dir`) as needed.
@@ -257,26 +246,8 @@ impl Backend {
         }
     }
 
-    /// The backend's name on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Backend::Q24 => "q24",
-            Backend::Arena => "arena",
-            Backend::Int4 => "int4",
-            Backend::Int8 => "int8",
-        }
-    }
-
     /// Tokens per prefill block ([`crate::Model::prefill`]) of this backend's store.
     pub fn prefill_block(self) -> usize {
         PREFILL_BLOCK
-    }
-
-    /// Every backend, in the order reports list them.
-    pub const ALL: [Backend; 4] = [Backend::Q24, Backend::Arena, Backend::Int4, Backend::Int8];
-
-    /// The backend called `name` on the command line.
-    pub fn from_name(name: &str) -> Option<Backend> {
-        Backend::ALL.into_iter().find(|b| b.name() == name)
     }
 }

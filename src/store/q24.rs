@@ -7,13 +7,14 @@ use std::path::{Path, PathBuf};
 
 use super::cache::{self, CacheFile, Entry};
 use super::{Linear, Norm, WeightStore};
-use crate::checkpoint::tensor_specs;
-use crate::fixed::{self, Q_NORM, Q_W};
+use crate::hf::checkpoint::tensor_specs;
+use crate::num::fixed::{self, Q_NORM, Q_W};
 use crate::kernel::arena::Region;
 use crate::kernel::ops::{Ops, Rows};
 use crate::kernel::swar_ops::{ExactHead, ScreenResult};
-use crate::screen::{Screen, ScreenedHead};
-use crate::swar::{Format, W8A16};
+use crate::num::bound::Screen;
+use crate::store::screen::ScreenedHead;
+use crate::num::swar::{Format, W8A16};
 use crate::{Checkpoint, Config, Error, Result};
 
 /// Cache file name inside the cache directory.
@@ -126,7 +127,7 @@ pub struct Q24Store {
     screen: Option<ScreenedHead>,
 }
 
-/// The format of the Q24 head's screen ([`crate::screen`]): 8-bit. The certified window is a
+/// The format of the Q24 head's screen ([`crate::num::bound`]): 8-bit. The certified window is a
 /// worst case over all activations of the token's norms, about `sqrt(hidden)` times the typical
 /// screening error: at the Qwen3-0.6B shape a 4-bit screen's window (several logits) spans the
 /// whole logit range of the synthetic model and prunes nothing, while the 8-bit screen leaves
@@ -165,7 +166,7 @@ impl WeightStore for Q24Store {
     }
 
     fn enable_screen(&mut self) -> bool {
-        let fits = crate::screen::fits(SCREEN, self.cfg.vocab_size, self.cfg.hidden_size);
+        let fits = crate::num::bound::fits(SCREEN, self.cfg.vocab_size, self.cfg.hidden_size);
         self.screen_format = fits.then_some(SCREEN);
         fits
     }

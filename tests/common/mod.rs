@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
-use qwen_bpf::synth::{self, Preset, SynthOptions};
+use qwen_bpf::hf::synth::{self, Preset, SynthOptions};
 use qwen_bpf::Config;
 
 mod rng;
@@ -170,7 +170,7 @@ fn stamp_of(cfg: &Config, opts: &SynthOptions) -> u64 {
     });
     let text = format!(
         "{}\n{}\n{} {:?} {:?}",
-        include_str!("../../src/synth.rs"),
+        include_str!("../../src/hf/synth.rs"),
         serde_json::to_string(cfg).expect("serialising the config"),
         opts.seed,
         opts.key_style,

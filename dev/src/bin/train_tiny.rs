@@ -25,8 +25,9 @@ use std::time::Instant;
 use candle_core::{DType, Device, Result as CResult, Tensor, Var, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use clap::Parser;
-use qwen_bpf::synth::Preset;
-use qwen_bpf::{checkpoint::tensor_specs, reference::Reference, Checkpoint, Config};
+use qwen_bpf::hf::synth::Preset;
+use qwen_bpf::hf::checkpoint::tensor_specs;
+use qwen_bpf::{Checkpoint, Config, Reference};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
 
@@ -423,7 +424,7 @@ fn run(args: &Args) -> Res<()> {
     // Write the checkpoint; check the tokenizer through qwen_bpf's wrapper.
     save(&args.out, &cfg, &weights())?;
     eprintln!("wrote {}", args.out.display());
-    let tok = qwen_bpf::tokenizer::Tokenizer::from_model_dir(&args.out)?;
+    let tok = qwen_bpf::hf::tokenizer::Tokenizer::from_model_dir(&args.out)?;
     for s in ["Hello, world", "naïve €5\n\t"] {
         let (ids, bytes) = (tok.encode(s)?, s.bytes().map(u32::from).collect::<Vec<_>>());
         let back = tok.decode(&ids)?;

@@ -11,7 +11,7 @@
 //!   global functions in order, with a barrier between dependent entries when several threads
 //!   split the rows ([`Dispatch::Kernel`]);
 //! - replayed from user space one `test_run` per entry and part ([`Dispatch::PerOp`]);
-//! - executed by the Rust twins ([`crate::twin_plan`]), which compute the same integers.
+//! - executed by the Rust twins ([`crate::verify::twin_plan`]), which compute the same integers.
 //!
 //! A slot's layout is `struct plan_slot`, its operator ids `enum plan_op_id`; [`OPS`] is the
 //! same table in Rust.
@@ -311,38 +311,6 @@ impl Plan {
     }
 }
 
-/// How a [`crate::Model`] runs its plan.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Dispatch {
-    /// The fastest that works for the store: [`Dispatch::Kernel`] where the store can be
-    /// planned, else [`Dispatch::PerOp`].
-    #[default]
-    Auto,
-    /// One `test_run` per operator run, from user space (every store).
-    PerOp,
-    /// One `test_run` of `run_plan` per thread and token: the kernel runs the whole step.
-    /// Not for the arena-batch store, which moves weight windows from user space.
-    Kernel,
-}
-
-impl Dispatch {
-    /// The name on the command line (`auto`, `per-op`, `kernel`).
-    pub fn name(self) -> &'static str {
-        match self {
-            Dispatch::Auto => "auto",
-            Dispatch::PerOp => "per-op",
-            Dispatch::Kernel => "kernel",
-        }
-    }
-
-    /// The dispatch called `name`.
-    pub fn from_name(name: &str) -> Option<Dispatch> {
-        [Dispatch::Auto, Dispatch::PerOp, Dispatch::Kernel]
-            .into_iter()
-            .find(|d| d.name() == name)
-    }
-}
 
 #[cfg(test)]
 mod tests {

@@ -15,7 +15,7 @@
 //! comment of `kv8.bpf.h` for the bounds that keep the lanes from carrying). Every function here
 //! computes the same integers as the kernel, step for step.
 
-use crate::fixed::{exp_neg, rshr, sat32, AttnShape, ACT_MAX, Q_ONE, Q_SCALE};
+use crate::num::fixed::{exp_neg, rshr, sat32, AttnShape, ACT_MAX, Q_ONE, Q_SCALE};
 
 /// Largest packed query code.
 pub const QMAX: u64 = 32767;

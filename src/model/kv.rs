@@ -17,38 +17,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::kernel::arena::{Arena, Region, PAGE};
 use crate::store::cache;
+use crate::types::KvFormat;
 use crate::{Config, Error, Result};
 
-/// How the KV cache stores keys and values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum KvFormat {
-    /// i32 Q16, as the activations: exact, `4 * head_dim` bytes per head and position for each
-    /// of K and V. The reference format.
-    #[default]
-    Q16,
-    /// int8 codes with one u32 step per (position, kv head) ([`crate::kv8`]): `head_dim + 4`
-    /// bytes per head and position for each of K and V, attention with SWAR-packed products.
-    Int8,
-}
 
 impl KvFormat {
-    /// Every format, in the order reports list them.
-    pub const ALL: [KvFormat; 2] = [KvFormat::Q16, KvFormat::Int8];
-
-    /// The name on the command line (`q16`, `int8`).
-    pub fn name(self) -> &'static str {
-        match self {
-            KvFormat::Q16 => "q16",
-            KvFormat::Int8 => "int8",
-        }
-    }
-
-    /// The format called `name` on the command line.
-    pub fn from_name(name: &str) -> Option<KvFormat> {
-        KvFormat::ALL.into_iter().find(|f| f.name() == name)
-    }
-
     /// A layer's arrays, each as (bytes per position of one part, parts): Q16 K, V (`[max_ctx]
     /// [n_kv * hd]` i32, one part); Int8 K codes, K steps, V codes, V steps (`[n_kv][max_ctx][hd]`
     /// i8 and `[n_kv][max_ctx]` u32, one part per kv head).

@@ -46,8 +46,8 @@ use half::bf16;
 use indicatif::{ProgressBar, ProgressStyle};
 use safetensors::{Dtype, SafeTensorError, View};
 
-use crate::checkpoint::tensor_specs;
-use crate::config::RopeParameters;
+use crate::hf::checkpoint::tensor_specs;
+use crate::hf::config::RopeParameters;
 use crate::{Config, Error, Result};
 
 /// A model shape the generator knows by name.

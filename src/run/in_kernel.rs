@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crate::generate::FinishReason;
+use crate::run::generate::FinishReason;
 use crate::kernel::ops::{GenArgs, PlanFailure};
 use crate::kernel::ring::GenToken;
 use crate::{Error, Model, Result};

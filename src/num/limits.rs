@@ -6,8 +6,8 @@
 //! the kernels cannot run is refused with [`Error::Limit`] naming the dimension, its value and
 //! the limit, instead of computing truncated sums or panicking in a converter.
 
-use crate::kv::KvFormat;
-use crate::store::Backend;
+use crate::types::KvFormat;
+use crate::types::Backend;
 use crate::{Config, Error, Result};
 
 /// Columns of one dot product, i.e. the width of every matrix (hidden, q_dim, intermediate):
@@ -126,7 +126,7 @@ pub fn check(cfg: &Config, backend: Backend, kv: KvFormat) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::synth::Preset;
+    use crate::hf::synth::Preset;
 
     #[test]
     fn qwen3_shapes_pass_and_each_crossing_names_its_dimension() {

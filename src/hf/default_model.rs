@@ -1,7 +1,7 @@
 //! The default model: a synthetic checkpoint with the exact Qwen3-0.6B shapes, generated once on
 //! first use so that the examples run without downloading anything.
 //!
-//! Its weights are random (with trained-like statistics, see [`crate::synth`]), so the text it
+//! Its weights are random (with trained-like statistics, see [`crate::hf::synth`]), so the text it
 //! generates is meaningless; it exercises the whole engine at the real size. For real output, pass
 //! a Hugging Face Qwen3 directory (`config.json`, `model.safetensors`, `tokenizer.json`) instead.
 //!
@@ -11,7 +11,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::synth::{self, Preset, SynthOptions};
+use crate::hf::synth::{self, Preset, SynthOptions};
 use crate::{Checkpoint, Error, Result};
 
 /// The environment variable that overrides where the default model is kept.

@@ -66,7 +66,7 @@
 
 use std::ops::Range;
 
-use crate::fixed::{rshr, sat32, sat_res, ACT_MAX, Q_ACT, Q_RES};
+use crate::num::fixed::{rshr, sat32, sat_res, ACT_MAX, Q_ACT, Q_RES};
 use crate::{Error, Result};
 
 /// Columns per weight-scale group and per activation block.
@@ -74,7 +74,7 @@ pub const GROUP: usize = 32;
 /// Weight scales are Q24: a weight is `code * scale / 2^SCALE_SHIFT`.
 pub const SCALE_SHIFT: u32 = 24;
 /// Most columns a kernel accepts.
-pub const K_MAX: usize = crate::limits::COLS_MAX;
+pub const K_MAX: usize = crate::num::limits::COLS_MAX;
 
 /// A packed low-bit format: how codes sit in the kernel's `u64` words.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,12 +1,12 @@
 //! The fixed-point twin of the whole forward pass: [`crate::Model::forward`]'s steps, computed in
-//! Rust with the [`crate::fixed`] operators on the same Q24 cache. It must produce the same
+//! Rust with the [`crate::num::fixed`] operators on the same Q24 cache. It must produce the same
 //! integers as the BPF path, bit for bit (tested); it is also a readable statement of the math.
 
 use std::path::Path;
 
-use crate::fixed::{self, AttnShape};
-use crate::kv::KvFormat;
-use crate::kv8;
+use crate::num::fixed::{self, AttnShape};
+use crate::types::KvFormat;
+use crate::num::kv8;
 use crate::store::cache::CacheFile;
 use crate::store::q24;
 use crate::{Checkpoint, Config, Error, Result};

@@ -21,8 +21,8 @@
 //! # }
 //! ```
 
-use crate::sampling::{Sampler, SamplingParams};
-use crate::tokenizer::{TextStream, Tokenizer};
+use crate::run::sampling::{Sampler, SamplingParams};
+use crate::hf::tokenizer::{TextStream, Tokenizer};
 use crate::{Error, Model, Result};
 
 /// What [`Model::generate`] generates: how many tokens at most, where to stop, how to choose.

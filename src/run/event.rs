@@ -10,7 +10,7 @@
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use crate::generate::FinishReason;
+use crate::run::generate::FinishReason;
 use crate::kernel::ring::{GenToken, Record};
 use crate::{Error, Model, Result};
 

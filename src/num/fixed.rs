@@ -165,7 +165,7 @@ pub fn swiglu(g: i32, u: i32, tab: &[u32; 257]) -> i32 {
 /// empty or over-long vector, as the kernel does.
 pub fn rmsnorm(x: &[i64], w: &[i32], eps_q64: u64, q_out: u32, y: &mut [i32]) -> bool {
     let n = x.len();
-    if n == 0 || n > crate::limits::NORM_MAX {
+    if n == 0 || n > crate::num::limits::NORM_MAX {
         return false;
     }
     let maxabs = x.iter().map(|&v| v.unsigned_abs()).max().unwrap_or(0);

@@ -248,7 +248,7 @@ impl Config {
 
     /// Weight count implied by the config (embedding counted once when tied).
     pub fn num_parameters(&self) -> usize {
-        crate::checkpoint::tensor_specs(self)
+        crate::hf::checkpoint::tensor_specs(self)
             .iter()
             .map(|(_, s)| s.iter().product::<usize>())
             .sum()

@@ -2,22 +2,25 @@
 //!
 //! `Model::emit` is the forward pass: one flat function, numbered like `modeling_qwen3.py`, one
 //! operator call per step over whole vectors or matrices. `Model::open` records it once into a
-//! plan ([`crate::plan`]) that the kernel runs in one `run_plan` invocation per thread and token
+//! plan ([`crate::kernel::plan`]) that the kernel runs in one `run_plan` invocation per thread and token
 //! ([`Dispatch::Kernel`]), or that user space replays one `test_run` per operator run
 //! ([`Dispatch::PerOp`]: 8 runs per layer plus 3 with the resident Q24 store on one thread, 227 at
 //! the Qwen3-0.6B shape; the low-bit stores add activation quantisation runs). The arena-batch
 //! store, which moves weight windows from user space, runs `emit` live, per operator.
 
+pub mod kv;
+
 use std::path::{Path, PathBuf};
 
-use crate::fixed::{self, AttnShape};
+use crate::num::fixed::{self, AttnShape};
 use crate::kernel::arena::{Region, MAX_ARENA_BYTES, PAGE};
 use crate::kernel::ops::{
     first_best, kv8_pairs, AttentionBuffers, AttentionI8Buffers, Ops, PlanFailure,
 };
-use crate::kv::{self, ContextHeader, KvCache, KvFormat};
-use crate::plan::{self, Dispatch, Plan};
-use crate::store::{linear_rows, Backend, Linear, Norm, WeightStore};
+use kv::{ContextHeader, KvCache};
+use crate::types::{Backend, Dispatch, KvFormat};
+use crate::kernel::plan::{self, Plan};
+use crate::store::{linear_rows, Linear, Norm, WeightStore};
 use crate::{Checkpoint, Config, Error, Forward, GenerateOptions, Result, Tokenizer};
 
 /// How to open a [`Model`]: [`ModelOptions::default`] and the `with_*` methods, or a struct
@@ -49,7 +52,7 @@ pub struct ModelOptions {
     /// BPF run per thread over its share of the rows. Default: the CPUs available, at most 2.
     pub threads: usize,
     /// [`Model::next_token`] screens the LM head with a low-bit copy and rescores exactly only
-    /// the rows that can win (see [`crate::screen`]): the same token as the full head, faster
+    /// the rows that can win (see [`crate::num::bound`]): the same token as the full head, faster
     /// where the screen prunes. Default true for the q24 and int stores (the screen costs arena
     /// memory, reported in [`KernelMemory::head_screen`]); false runs the full exact head.
     pub screened_head: bool,
@@ -187,7 +190,7 @@ struct Buffers {
     sin: Region,      // i32 Q30 [max_ctx][head_dim/2]
     kv: KvCache,      // per layer: Q16 K, V [max_ctx][kv_dim], or int8 codes and steps
     ksh: Vec<Region>, // per layer u8 [head_dim]: int8 KV key smoothing shifts (else empty)
-    plan: Region,     // plan::Slot [threads][entries]: the recorded step (see crate::plan)
+    plan: Region,     // plan::Slot [threads][entries]: the recorded step (see crate::kernel::plan)
     prompt: Region,   // u32 [max_ctx]: the prompt of in-kernel generation
     vocab: Region, // u32 offsets [vocab + 1], then the bytes: each token's text, for in-kernel generation
     block: usize,  // tokens the block buffers above hold
@@ -276,9 +279,9 @@ fn vocab_bytes(vocab: usize) -> usize {
     (vocab + 1) * 4 + vocab * 16
 }
 
-/// The stop tokens as the kernel takes them: at most [`crate::in_kernel::STOPS_MAX`].
-fn kernel_stops(tokens: &[u32]) -> Result<[u32; crate::in_kernel::STOPS_MAX]> {
-    let mut stops = [0u32; crate::in_kernel::STOPS_MAX];
+/// The stop tokens as the kernel takes them: at most [`crate::run::in_kernel::STOPS_MAX`].
+fn kernel_stops(tokens: &[u32]) -> Result<[u32; crate::run::in_kernel::STOPS_MAX]> {
+    let mut stops = [0u32; crate::run::in_kernel::STOPS_MAX];
     if tokens.len() > stops.len() {
         return Err(Error::InvalidParameter {
             name: "stop_tokens",
@@ -372,7 +375,7 @@ pub struct Model {
     logits: Vec<f32>,
     /// Whether `next_token` uses the screened LM head (`ModelOptions::screened_head`).
     screened: bool,
-    /// The recorded step, when the store can be planned (see [`crate::plan`]).
+    /// The recorded step, when the store can be planned (see [`crate::kernel::plan`]).
     plan: Option<std::sync::Arc<Plan>>,
     /// How the plan runs: [`Dispatch::Kernel`] or [`Dispatch::PerOp`].
     dispatch: Dispatch,
@@ -412,7 +415,7 @@ impl Model {
             )));
         }
         // Every kernel bound (matrix widths, head_dim, row blocks), before anything is converted.
-        crate::limits::check(&cfg, opts.backend, opts.kv)?;
+        crate::num::limits::check(&cfg, opts.backend, opts.kv)?;
         // The KV cache alone must fit the arena; checking it first also keeps every size below
         // far from overflowing (max_context may be anything up to max_position_embeddings).
         let kv_per_token = opts.kv.bytes_per_position(&cfg);
@@ -425,11 +428,11 @@ impl Model {
                 ),
             });
         }
-        if opts.event_slots > crate::event::SLOTS_MAX {
+        if opts.event_slots > crate::run::event::SLOTS_MAX {
             return Err(Error::Invalid(format!(
                 "event_slots {} must be at most {}",
                 opts.event_slots,
-                crate::event::SLOTS_MAX
+                crate::run::event::SLOTS_MAX
             )));
         }
         let block = opts.backend.prefill_block();
@@ -499,7 +502,7 @@ impl Model {
                 let r = ops.arena.alloc(cfg.head_dim(), "key smoothing shifts")?;
                 ops.arena
                     .slice_mut::<u8>(r)?
-                    .copy_from_slice(&crate::kv8::key_shifts(&w));
+                    .copy_from_slice(&crate::num::kv8::key_shifts(&w));
                 b.ksh.push(r);
             }
         }
@@ -543,7 +546,7 @@ impl Model {
         })
     }
 
-    /// Records the step as a plan (token 0 at position 0; see [`crate::plan`]) and uploads its
+    /// Records the step as a plan (token 0 at position 0; see [`crate::kernel::plan`]) and uploads its
     /// slots to the arena.
     fn record(&mut self) -> Result<Plan> {
         self.ops.start_recording();
@@ -767,7 +770,7 @@ impl Model {
     }
 
     /// Feeds `token` and returns the most likely next token, computed by the BPF LM head with a
-    /// fused argmax (no logits are copied out): the screened head ([`crate::screen`]) unless the
+    /// fused argmax (no logits are copied out): the screened head ([`crate::num::bound`]) unless the
     /// model was opened with [`ModelOptions::screened_head`] false; the same token either way.
     pub fn next_token(&mut self, token: u32) -> Result<u32> {
         Ok(self.step(token, Head::Argmax)?.0 as u32)
@@ -893,7 +896,7 @@ impl Model {
     /// generates up to `opts.max_tokens` tokens (stopping at `opts.stop_tokens`), the argmax of
     /// each step fed back in the kernel, writing each token to a BPF ring buffer as it is made;
     /// the returned iterator reads them. An invocation runs at most
-    /// [`crate::in_kernel::BUDGET`] (the first one returns after the first new token) and the
+    /// [`crate::run::in_kernel::BUDGET`] (the first one returns after the first new token) and the
     /// iterator invokes again until the generation ends.
     /// Needs a store that can be planned; `opts.sampling` must be greedy (the kernel has no
     /// sampler). The prompt is checked as in [`Model::prefill`].
@@ -901,7 +904,7 @@ impl Model {
         &mut self,
         prompt: &[u32],
         opts: &GenerateOptions,
-    ) -> Result<crate::in_kernel::KernelGeneration<'_>> {
+    ) -> Result<crate::run::in_kernel::KernelGeneration<'_>> {
         let Some(plan) = self.plan.clone() else {
             return Err(Error::Invalid(format!(
                 "in-kernel generation needs a store that can be planned, not {}",
@@ -954,7 +957,7 @@ impl Model {
                 } else {
                     0
                 },
-                budget_ns: crate::in_kernel::BUDGET.as_nanos() as u64,
+                budget_ns: crate::run::in_kernel::BUDGET.as_nanos() as u64,
                 n_prompt: prompt.len() as u32,
                 max_new,
                 max_ctx: self.max_context as u32,
@@ -964,10 +967,10 @@ impl Model {
                 ..Default::default()
             })
             .collect();
-        Ok(crate::in_kernel::KernelGeneration::new(self, args))
+        Ok(crate::run::in_kernel::KernelGeneration::new(self, args))
     }
 
-    /// One round of in-kernel generation (see [`crate::in_kernel`]): runs `args` and moves the
+    /// One round of in-kernel generation (see [`crate::run::in_kernel`]): runs `args` and moves the
     /// position to where the kernel stopped.
     pub(crate) fn invoke_generate(
         &mut self,
@@ -978,15 +981,15 @@ impl Model {
         r
     }
 
-    /// Serves generations started by kernel events (see [`crate::event`]) until the returned
+    /// Serves generations started by kernel events (see [`crate::run::event`]) until the returned
     /// server is dropped: attaches the XDP program to `cfg.ifindex` for UDP datagrams to
     /// `cfg.port` from `cfg.sources`. Needs [`ModelOptions::event_slots`] > 0; every slot's KV
     /// cache is committed in full first. Each request starts a fresh context at position 0.
     pub fn serve_events(
         &mut self,
-        cfg: &crate::event::EventConfig,
-    ) -> Result<crate::event::EventServer<'_>> {
-        use crate::event::{PROMPT_MAX, SOURCES_MAX};
+        cfg: &crate::run::event::EventConfig,
+    ) -> Result<crate::run::event::EventServer<'_>> {
+        use crate::run::event::{PROMPT_MAX, SOURCES_MAX};
         if self.events.is_empty() {
             return Err(Error::Invalid(
                 "serving kernel events needs a model opened with event_slots > 0".into(),
@@ -1025,7 +1028,7 @@ impl Model {
                 },
                 prompt: self.ops.arena.addr(b.prompt),
                 vocab,
-                budget_ns: crate::in_kernel::BUDGET.as_nanos() as u64,
+                budget_ns: crate::run::in_kernel::BUDGET.as_nanos() as u64,
                 max_ctx: self.max_context as u32,
                 head_parts: 1,
                 n_stops: cfg.stop_tokens.len() as u32,
@@ -1050,7 +1053,7 @@ impl Model {
         self.ops.tokens.clear();
         let link = self.ops.start_events(ev, &templates, !self.events_ready)?;
         self.events_ready = true;
-        Ok(crate::event::EventServer::new(self, link))
+        Ok(crate::run::event::EventServer::new(self, link))
     }
 
     /// Waits up to `timeout_ms` for ring-buffer records.
@@ -1104,7 +1107,7 @@ impl Model {
     }
 
     /// For tests: [`Model::forward_fixed`] with the recorded step executed by the Rust twins
-    /// ([`crate::twin_plan`]) on this model's arena instead of BPF. Returns the logits and the
+    /// ([`crate::verify::twin_plan`]) on this model's arena instead of BPF. Returns the logits and the
     /// head's argmax (row, Q16 logit).
     #[doc(hidden)]
     pub fn twin_forward_fixed(&mut self, token: u32) -> Result<(&[i32], (usize, i32))> {
@@ -1112,7 +1115,7 @@ impl Model {
             Error::Invalid(format!("the {} store records no plan", self.store.name()))
         })?;
         self.begin_step(token)?;
-        let best = crate::twin_plan::run_plan(&mut self.ops.arena, &plan, token, self.pos as u32)?;
+        let best = crate::verify::twin_plan::run_plan(&mut self.ops.arena, &plan, token, self.pos as u32)?;
         self.pos += 1;
         Ok((self.ops.arena.slice::<i32>(self.b.logits)?, best))
     }
@@ -1206,7 +1209,7 @@ impl Model {
     /// `b.block`, each weight-bearing operator taking the block's vectors at once (the
     /// per-position operators run token by token), so every token's integers are those of
     /// feeding it alone. It runs live for stores that cannot be planned and for blocks, and is
-    /// recorded once at open into the plan ([`crate::plan`]) for one token. `head` says what
+    /// recorded once at open into the plan ([`crate::kernel::plan`]) for one token. `head` says what
     /// step 10 does, for the last token.
     fn emit(&mut self, tokens: &[u32], pos: usize, head: Head) -> Result<(usize, i32)> {
         let c = &self.cfg;

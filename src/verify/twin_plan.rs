@@ -1,5 +1,5 @@
-//! The third executor of a [`Plan`]: every entry computed by the Rust twins ([`crate::fixed`],
-//! [`crate::swar`], [`crate::kv8`]) on the arena the BPF programs use.
+//! The third executor of a [`Plan`]: every entry computed by the Rust twins ([`crate::num::fixed`],
+//! [`crate::num::swar`], [`crate::num::kv8`]) on the arena the BPF programs use.
 //!
 //! Each part's ctx is decoded into the operator's C struct (the types generated from
 //! `src/bpf/ops.bpf.c`), patched for the token and position like `run_plan` does, and executed
@@ -16,17 +16,18 @@ use std::marker::PhantomData;
 
 use bytemuck::Pod;
 
-use crate::fixed::{self, AttnShape, Q_ACT};
+use crate::num::fixed::{self, AttnShape, Q_ACT};
 use crate::kernel::arena::Arena;
 use crate::kernel::ops::first_best;
 use crate::kernel::ops::skel::types::{
     attention_args, attention_i8_args, embed_args, gate_up_args, lm_head_args, matvec_args,
     qk_norm_rope_args, quantize_x_args, rmsnorm_args, swar_mv_args, swiglu_args,
 };
-use crate::limits::{COLS_MAX, HEAD_DIM_MAX, NORM_MAX, Q24_COLS_ALIGN, SWAR_COLS_ALIGN};
-use crate::plan::{Args, Entry, Plan, ARGS_WORDS, OPS};
-use crate::swar::{self, Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX};
-use crate::{kv8, Error, Result};
+use crate::num::limits::{COLS_MAX, HEAD_DIM_MAX, NORM_MAX, Q24_COLS_ALIGN, SWAR_COLS_ALIGN};
+use crate::kernel::plan::{Args, Entry, Plan, ARGS_WORDS, OPS};
+use crate::num::swar::{self, Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX};
+use crate::num::kv8;
+use crate::{Error, Result};
 
 /// Runs the whole plan for `token` at `pos`; returns the LM head's argmax (row, Q16 logit),
 /// combined over its parts as [`crate::Model`] does.
@@ -206,7 +207,7 @@ fn q24_cols_ok(k: usize) -> bool {
 
 /// Whether a batched operator takes `nb` vectors (`batch_ok`).
 fn batch_ok(nb: u32) -> bool {
-    nb != 0 && nb as usize <= crate::limits::BATCH_MAX
+    nb != 0 && nb as usize <= crate::num::limits::BATCH_MAX
 }
 
 /// `y[r] = W[r]·x` (y i32 Q16) or `y[r] += W[r]·x` (accumulate: y the i64 Q32 residual) for r in
@@ -530,7 +531,7 @@ fn swar_mv<M: PackedMatrix>(arena: &mut Arena, c: &mut swar_mv_args, argmax: boo
 mod tests {
     use super::*;
     use crate::kernel::arena::PAGE;
-    use crate::plan::HeadFields;
+    use crate::kernel::plan::HeadFields;
 
     /// An arena over ordinary memory (8-byte aligned, as the BPF mapping is).
     fn arena(words: &mut [u64]) -> Arena {

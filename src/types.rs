@@ -1,0 +1,103 @@
+//! The small types every layer shares: which weight store ([`Backend`]), which KV-cache format
+//! ([`KvFormat`]) and how a model runs its step ([`Dispatch`]). Their behaviour lives with the
+//! layer that owns it (opening a store in `store`, the cache layout in `model::kv`); here they
+//! are only names, so that a low layer (the limits table, the kernel) can take them without
+//! reaching up.
+
+/// The weight-store backends `Model` can open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Backend {
+    /// Q24 weights converted once to a cache file and kept resident in the arena.
+    Q24,
+    /// The same Q24 cache, streamed through a 2 MiB arena window before each operator run.
+    Arena,
+    /// 4-bit attention and MLP weights, 8-bit LM head, SWAR kernels ([`crate::store::int::INT4`]).
+    Int4,
+    /// 8-bit weights with 16-bit activations, SWAR kernels ([`crate::store::int::INT8`]).
+    Int8,
+}
+
+impl Backend {
+    /// The backend's name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Q24 => "q24",
+            Backend::Arena => "arena",
+            Backend::Int4 => "int4",
+            Backend::Int8 => "int8",
+        }
+    }
+
+    /// Every backend, in the order reports list them.
+    pub const ALL: [Backend; 4] = [Backend::Q24, Backend::Arena, Backend::Int4, Backend::Int8];
+
+    /// The backend called `name` on the command line.
+    pub fn from_name(name: &str) -> Option<Backend> {
+        Backend::ALL.into_iter().find(|b| b.name() == name)
+    }
+}
+
+/// How the KV cache stores keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum KvFormat {
+    /// i32 Q16, as the activations: exact, `4 * head_dim` bytes per head and position for each
+    /// of K and V. The reference format.
+    #[default]
+    Q16,
+    /// int8 codes with one u32 step per (position, kv head) ([`crate::num::kv8`]): `head_dim + 4`
+    /// bytes per head and position for each of K and V, attention with SWAR-packed products.
+    Int8,
+}
+
+impl KvFormat {
+    /// Every format, in the order reports list them.
+    pub const ALL: [KvFormat; 2] = [KvFormat::Q16, KvFormat::Int8];
+
+    /// The name on the command line (`q16`, `int8`).
+    pub fn name(self) -> &'static str {
+        match self {
+            KvFormat::Q16 => "q16",
+            KvFormat::Int8 => "int8",
+        }
+    }
+
+    /// The format called `name` on the command line.
+    pub fn from_name(name: &str) -> Option<KvFormat> {
+        KvFormat::ALL.into_iter().find(|f| f.name() == name)
+    }
+}
+
+/// How a [`crate::Model`] runs its plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Dispatch {
+    /// The fastest that works for the store: [`Dispatch::Kernel`] where the store can be
+    /// planned, else [`Dispatch::PerOp`].
+    #[default]
+    Auto,
+    /// One `test_run` per operator run, from user space (every store).
+    PerOp,
+    /// One `test_run` of `run_plan` per thread and token: the kernel runs the whole step.
+    /// Not for the arena-batch store, which moves weight windows from user space.
+    Kernel,
+}
+
+impl Dispatch {
+    /// The name on the command line (`auto`, `per-op`, `kernel`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Dispatch::Auto => "auto",
+            Dispatch::PerOp => "per-op",
+            Dispatch::Kernel => "kernel",
+        }
+    }
+
+    /// The dispatch called `name`.
+    pub fn from_name(name: &str) -> Option<Dispatch> {
+        [Dispatch::Auto, Dispatch::PerOp, Dispatch::Kernel]
+            .into_iter()
+            .find(|d| d.name() == name)
+    }
+}
