@@ -84,10 +84,10 @@ trait Engine {
 
 impl Engine for Reference {
     fn logits(&mut self, token: u32) -> Result<Vec<f32>> {
-        self.forward(token)
+        Ok(self.forward(token)?.to_vec())
     }
     fn next_token(&mut self, token: u32) -> Result<u32> {
-        Ok(reference::argmax(&self.forward(token)?) as u32)
+        Ok(reference::argmax(self.forward(token)?) as u32)
     }
 }
 

@@ -162,6 +162,7 @@ fn run(args: &Args) -> Result<()> {
         return Err(Error::ContextOverflow {
             pos: max_context,
             max_context,
+            tokens: n,
         });
     }
 

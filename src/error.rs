@@ -105,7 +105,8 @@ pub enum Error {
     TokenOutOfRange {
         /// The offending id.
         id: u32,
-        /// Its index in the input sequence.
+        /// Its position: the index in the context it would have been fed at (for a list of ids
+        /// that is not fed, such as a decode, its index in the list).
         index: usize,
         /// The model's vocabulary size.
         vocab: usize,
@@ -119,13 +120,18 @@ pub enum Error {
         /// What is wrong.
         msg: String,
     },
-    /// The KV cache is full.
-    #[error("context overflow: position {pos} does not fit max_context {max_context}")]
+    /// The input does not fit the KV cache: `tokens` fed from the current position would reach
+    /// position `pos`, at or past `max_context`.
+    #[error("context overflow: {tokens} token(s) would reach position {pos}, past max_context {max_context}")]
     ContextOverflow {
-        /// The position that was asked for.
+        /// The position that was asked for: the first that does not fit (a saved context's: its
+        /// length).
         pos: usize,
         /// The context the model was opened with.
         max_context: usize,
+        /// How many tokens the input had (a prompt's length, 1 for a single token, a saved
+        /// context's positions).
+        tokens: usize,
     },
     /// A prompt that encodes to no token.
     #[error("empty prompt: nothing to feed the model")]
@@ -172,7 +178,7 @@ pub enum Error {
         /// The numbers involved.
         msg: String,
     },
-    /// A model dimension beyond a bound of the kernels (see [`crate::num::limits`]), refused when the
+    /// A model dimension beyond a bound of the kernels (see `num::limits`), refused when the
     /// model is opened, before anything is converted or loaded.
     #[error("{what} = {value}: the kernels need {limit}")]
     Limit {

@@ -48,6 +48,6 @@ pub trait Forward {
     fn reset(&mut self);
 
     /// Keeps only the first `position` tokens of the context; a position beyond the current one
-    /// is [`Error::ContextOverflow`](crate::Error::ContextOverflow).
+    /// is [`Error::InvalidParameter`](crate::Error::InvalidParameter).
     fn rewind(&mut self, position: usize) -> Result<()>;
 }

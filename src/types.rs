@@ -2,7 +2,9 @@
 //! ([`KvFormat`]) and how a model runs its step ([`Dispatch`]). Their behaviour lives with the
 //! layer that owns it (opening a store in `store`, the cache layout in `model::kv`); here they
 //! are only names, so that a low layer (the limits table, the kernel) can take them without
-//! reaching up.
+//! reaching up. [`check_feed`] is the one check of tokens against a context.
+
+use crate::{Error, Result};
 
 /// The weight-store backends `Model` can open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -12,9 +14,9 @@ pub enum Backend {
     Q24,
     /// The same Q24 cache, streamed through a 2 MiB arena window before each operator run.
     Arena,
-    /// 4-bit attention and MLP weights, 8-bit LM head, SWAR kernels ([`crate::store::int::INT4`]).
+    /// 4-bit attention and MLP weights, 8-bit LM head, SWAR kernels (`store::int::INT4`).
     Int4,
-    /// 8-bit weights with 16-bit activations, SWAR kernels ([`crate::store::int::INT8`]).
+    /// 8-bit weights with 16-bit activations, SWAR kernels (`store::int::INT8`).
     Int8,
 }
 
@@ -46,7 +48,7 @@ pub enum KvFormat {
     /// of K and V. The reference format.
     #[default]
     Q16,
-    /// int8 codes with one u32 step per (position, kv head) ([`crate::num::kv8`]): `head_dim + 4`
+    /// int8 codes with one u32 step per (position, kv head) (`num::kv8`): `head_dim + 4`
     /// bytes per head and position for each of K and V, attention with SWAR-packed products.
     Int8,
 }
@@ -100,4 +102,21 @@ impl Dispatch {
             .into_iter()
             .find(|d| d.name() == name)
     }
+}
+
+/// The one check of input before anything is fed: `tokens` (at least one) fed at position `pos`
+/// of a context of `max_context` positions over a vocabulary of `vocab` ids. An empty input is
+/// [`Error::EmptyPrompt`]; an id outside the vocabulary [`Error::TokenOutOfRange`] (at the
+/// position it would have had); an input longer than the room left [`Error::ContextOverflow`].
+pub(crate) fn check_feed(tokens: &[u32], pos: usize, max_context: usize, vocab: usize) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(Error::EmptyPrompt);
+    }
+    if let Some((i, &id)) = tokens.iter().enumerate().find(|&(_, &t)| t as usize >= vocab) {
+        return Err(Error::TokenOutOfRange { id, index: pos + i, vocab });
+    }
+    if tokens.len() > max_context.saturating_sub(pos) {
+        return Err(Error::ContextOverflow { pos: pos.max(max_context), max_context, tokens: tokens.len() });
+    }
+    Ok(())
 }

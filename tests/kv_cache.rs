@@ -282,7 +282,8 @@ fn damaged_or_foreign_contexts_are_refused_and_leave_the_model_unchanged() {
             small.load_context(&ctx),
             Err(Error::ContextOverflow {
                 pos: 12,
-                max_context: 8
+                max_context: 8,
+                tokens: 12,
             })
         ),
         "a 12-token context into max_context 8"

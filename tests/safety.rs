@@ -584,6 +584,7 @@ fn bad_tokens_empty_prompts_and_overflow_are_typed_and_change_nothing() {
         Err(Error::ContextOverflow {
             pos: 4,
             max_context: 4,
+            tokens: 1,
         }) => {}
         other => panic!("generation past max_context: want ContextOverflow, got {other:?}"),
     }

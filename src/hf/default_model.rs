@@ -44,7 +44,7 @@ pub fn cache_root() -> PathBuf {
     std::env::temp_dir().join("qwen_bpf")
 }
 
-/// The default model's directory: [`cache_root`]`/synthetic-qwen3-0.6b`.
+/// The default model's directory: `cache_root``/synthetic-qwen3-0.6b`.
 pub fn default_model_dir() -> PathBuf {
     cache_root().join(DIR_NAME)
 }

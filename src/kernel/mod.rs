@@ -24,13 +24,17 @@ macro_rules! skel_module {
 }
 
 pub mod arena;
-pub mod plan;
+mod drivers;
 pub mod floor;
+mod operators;
 pub mod ops;
+pub mod plan;
 pub mod probe;
 pub mod ring;
+mod skel;
 pub mod swar_ops;
 pub mod syscalls;
+mod threads;
 
 use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsRawFd, BorrowedFd};

@@ -1,16 +1,22 @@
-//! The operator object (`src/bpf/ops.bpf.c`): one skeleton, one arena, one method per operator.
-//! Each method fills the operator's ctx with arena addresses and runs it once with `test_run`.
+//! The operator object (`src/bpf/ops.bpf.c`): one skeleton, one arena, and running its
+//! programs. The methods are split by job: the operators of the forward pass in
+//! [`super::operators`] (and the SWAR ones in [`super::swar_ops`]), the plan, generation and
+//! event drivers in [`super::drivers`], the thread fan-out in [`super::threads`].
 
-use std::mem::{ManuallyDrop, MaybeUninit};
+use std::mem::MaybeUninit;
 use std::ops::Range;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd};
 
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::OpenObject;
 
 use super::arena::{self, Arena, Region, MAX_ARENA_BYTES, PAGE};
-use super::{load_error, test_run};
-use crate::kernel::plan::{self, Args, Entry, HeadFields, Patch, Var};
+use super::skel::Owned;
+use super::threads::run_threads;
+use super::load_error;
+pub(crate) use super::drivers::PlanFailure;
+pub use super::operators::{kv8_pairs, AttentionBuffers, AttentionI8Buffers, Batch};
+use crate::kernel::plan::{Entry, HeadFields, Patch};
 use crate::{Error, Result};
 
 skel_module!(pub(crate) mod "ops.skel.rs");
@@ -21,23 +27,21 @@ pub use skel::types::formats_args as Formats;
 pub(crate) use skel::types::gen_args as GenArgs;
 /// The ctx of the `run_plan` program (`struct run_plan_args`).
 pub(crate) use skel::types::run_plan_args as RunPlanArgs;
-use skel::types::*;
 use skel::{OpsSkel, OpsSkelBuilder};
 
 /// The loaded operator programs and their arena. Dropping it unloads the programs and frees the
 /// arena (the kernel objects live exactly as long as this value).
 pub struct Ops {
-    skel: ManuallyDrop<OpsSkel<'static>>,
-    storage: *mut MaybeUninit<OpenObject>,
+    pub(super) skel: Owned<OpsSkel<'static>>,
     /// The shared memory the operators compute on.
     pub arena: Arena,
-    runs: u64,
-    threads: usize,
-    par_min_macs: usize,
+    pub(super) runs: u64,
+    pub(super) threads: usize,
+    pub(super) par_min_macs: usize,
     /// The records of in-kernel generation.
     pub tokens: super::ring::TokenRing,
     /// While recording a plan: the entries so far (operators are recorded, not run).
-    recording: Option<Vec<Entry>>,
+    pub(super) recording: Option<Vec<Entry>>,
     /// The per-token fields and head fields of the next run (set by the operator methods).
     pub(super) pending: (Vec<Patch>, Option<HeadFields>),
     /// Scratch for the batched SWAR kernels' unpacked row blocks and the most columns it serves
@@ -52,10 +56,6 @@ pub struct Ops {
 /// `tg`), where 5 Mi (the fused gate/up and the LM head only) had been chosen on SMT siblings.
 pub const PAR_MIN_MACS: usize = 1 << 20;
 
-// SAFETY: the generated skeleton is Send; `storage` is owned exclusively by this value (only the
-// skeleton borrows it) and the arena mapping is process-wide memory.
-unsafe impl Send for Ops {}
-
 impl std::fmt::Debug for Ops {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Ops")
@@ -64,132 +64,6 @@ impl std::fmt::Debug for Ops {
             .finish()
     }
 }
-
-impl Drop for Ops {
-    fn drop(&mut self) {
-        // SAFETY: the skeleton borrows *storage, so it goes first; storage came from Box::into_raw.
-        unsafe {
-            ManuallyDrop::drop(&mut self.skel);
-            drop(Box::from_raw(self.storage));
-        }
-    }
-}
-
-/// Why [`Ops::run_plan`] did not complete.
-#[derive(Debug)]
-pub(crate) enum PlanFailure {
-    /// A barrier waited too long: the threads were not running at the same time.
-    TimedOut,
-    /// Any other failure.
-    Error(Error),
-}
-
-/// Runs `prog` once per element of `args`, concurrently (one thread each) when there are several;
-/// multi-threaded runs of every model in the process take turns ([`PLAN_THREADS_LOCK`]).
-fn run_threads<T: Send>(prog: BorrowedFd<'_>, name: &str, args: &mut [T]) -> Vec<Result<i32>> {
-    match args {
-        [] => vec![],
-        [one] => vec![test_run(prog, name, one)],
-        [first, rest @ ..] => {
-            let _one_at_a_time = PLAN_THREADS_LOCK.lock();
-            // Each worker on a CPU other than this thread's, so that none is queued behind a
-            // thread that spins in the kernel without preemption, and this thread enters the
-            // kernel only once they are about to.
-            let cpus = other_cpus();
-            let ready = std::sync::atomic::AtomicUsize::new(0);
-            std::thread::scope(|s| {
-                let others: Vec<_> = rest
-                    .iter_mut()
-                    .enumerate()
-                    .map(|(i, a)| {
-                        let (cpus, ready) = (&cpus, &ready);
-                        s.spawn(move || {
-                            if !cpus.is_empty() {
-                                pin_to(cpus[i % cpus.len()]);
-                            }
-                            ready.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                            test_run(prog, name, a)
-                        })
-                    })
-                    .collect();
-                let t = std::time::Instant::now();
-                while ready.load(std::sync::atomic::Ordering::SeqCst) < others.len()
-                    && t.elapsed() < std::time::Duration::from_millis(100)
-                {
-                    std::thread::yield_now();
-                }
-                let mut rcs = vec![test_run(prog, name, first)];
-                rcs.extend(others.into_iter().map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(Error::Bpf {
-                            what: name.into(),
-                            detail: "worker thread panicked".into(),
-                        })
-                    })
-                }));
-                rcs
-            })
-        }
-    }
-}
-
-/// The CPUs this thread may run on, but the one it runs on now.
-fn other_cpus() -> Vec<usize> {
-    // SAFETY: sched_getcpu takes nothing; sched_getaffinity fills a zeroed cpu_set_t of the
-    // size given.
-    unsafe {
-        let here = libc::sched_getcpu();
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return Vec::new();
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set) && c as i32 != here)
-            .collect()
-    }
-}
-
-/// Pins this thread to `cpu` (best effort: a failure leaves it where the scheduler puts it).
-fn pin_to(cpu: usize) {
-    // SAFETY: a zeroed cpu_set_t with one bit set, applied to this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-    }
-}
-
-/// The outcome of a plan program's runs: a barrier timeout anywhere is [`PlanFailure::TimedOut`].
-fn plan_outcome(rcs: Vec<Result<i32>>, what: &str) -> std::result::Result<(), PlanFailure> {
-    let mut timed_out = false;
-    for rc in rcs {
-        match rc.map_err(PlanFailure::Error)? {
-            0 => {}
-            plan::E_BARRIER => timed_out = true,
-            rc => {
-                return Err(PlanFailure::Error(Error::Bpf {
-                    what: what.into(),
-                    detail: if rc > 0 {
-                        format!(
-                            "the operator of plan entry {} refused its arguments",
-                            rc - 1
-                        )
-                    } else {
-                        format!("refused its arguments (ret {rc})")
-                    },
-                }))
-            }
-        }
-    }
-    if timed_out {
-        return Err(PlanFailure::TimedOut);
-    }
-    Ok(())
-}
-
-/// Multi-threaded plan runs of every model in the process take turns: two models' threads
-/// spinning at their barriers on all CPUs at once would wait for each other until they time out.
-static PLAN_THREADS_LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Which rows of a matrix one operator run covers.
 pub type Rows = Range<usize>;
@@ -211,25 +85,13 @@ impl Ops {
                 ),
             });
         }
-        let storage = Box::into_raw(Box::new(MaybeUninit::<OpenObject>::uninit()));
-        // SAFETY: storage stays allocated until Drop, after the skeleton that borrows it.
-        let storage_ref: &'static mut MaybeUninit<OpenObject> = unsafe { &mut *storage };
-        let loaded = open_and_load(storage_ref, pages as u32, events);
-        let skel = match loaded {
-            Ok(s) => s,
-            Err(e) => {
-                // SAFETY: nothing borrows storage any more.
-                drop(unsafe { Box::from_raw(storage) });
-                return Err(e);
-            }
-        };
+        let skel = Owned::load(|storage| open_and_load(storage, pages as u32, events))?;
         let base = arena::mapping(&skel.maps.arena)?;
         let tokens = super::ring::TokenRing::new(skel.maps.tokens.as_fd().as_raw_fd())?;
         // SAFETY: libbpf maps the whole arena (pages * PAGE bytes) read-write for the skeleton's life.
         let arena = unsafe { Arena::new(base, pages * PAGE) };
         Ok(Ops {
-            skel: ManuallyDrop::new(skel),
-            storage,
+            skel,
             arena,
             runs: 0,
             threads: 1,
@@ -353,174 +215,6 @@ impl Ops {
         result
     }
 
-    /// Starts recording a plan: until [`Ops::finish_recording`], operator runs become plan
-    /// entries instead of running (their outputs are not computed).
-    pub(crate) fn start_recording(&mut self) {
-        self.recording = Some(Vec::new());
-    }
-
-    /// Whether operator runs are being recorded.
-    pub(crate) fn is_recording(&self) -> bool {
-        self.recording.is_some()
-    }
-
-    /// The entries recorded since [`Ops::start_recording`]; runs operators again from now on.
-    pub(crate) fn finish_recording(&mut self) -> Vec<Entry> {
-        self.pending = (Vec::new(), None);
-        self.recording.take().unwrap_or_default()
-    }
-
-    /// For tests: the plan entries that `f`'s operator calls record (none of them runs).
-    #[doc(hidden)]
-    pub fn record(&mut self, f: impl FnOnce(&mut Ops) -> Result<()>) -> Result<Vec<Entry>> {
-        self.start_recording();
-        let done = f(self);
-        let entries = self.finish_recording();
-        done.map(|()| entries)
-    }
-
-    /// Marks fields of the next run's ctx as per-token (see [`Patch`]).
-    fn patch_next(&mut self, patches: Vec<Patch>) {
-        self.pending.0 = patches;
-    }
-
-    /// Runs plan entry `e` for `token` at `pos`: each part with its per-token fields, one
-    /// `test_run` each (concurrently when split). Returns the parts' ctx after the run.
-    #[doc(hidden)]
-    pub fn run_entry(&mut self, e: &Entry, token: u32, pos: u32) -> Result<Vec<Args>> {
-        let mut parts = e.patched(token, pos)?;
-        self.run_parts(e.name(), &mut parts)?;
-        Ok(parts)
-    }
-
-    /// Runs the first `n_run` entries of the plan whose slots are at `slots` (`n_entries`
-    /// entries on `threads` threads) for `token` at `pos`: one `run_plan` invocation per thread, concurrently. Returns each
-    /// thread's LM-head argmax (row, logit), in row order; [`Error::Bpf`] when an operator
-    /// refused its ctx, or (`timed_out`) when a barrier timed out because the threads did not
-    /// run at the same time.
-    pub(crate) fn run_plan(
-        &mut self,
-        slots: Region,
-        n_entries: usize,
-        n_run: usize,
-        threads: usize,
-        token: u32,
-        pos: u32,
-    ) -> std::result::Result<Vec<(usize, i64)>, PlanFailure> {
-        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
-            // SAFETY: a u64 of the mapped .bss; no program runs now (runs of this Ops are
-            // sequential through &mut self).
-            unsafe {
-                std::ptr::write_volatile(&mut bss.plan_arrivals, 0);
-                std::ptr::write_volatile(&mut bss.plan_abort, 0);
-            }
-        }
-        let prog = self.skel.progs.run_plan.as_fd();
-        let plan = self.arena.addr(slots);
-        let mut args: Vec<run_plan_args> = (0..threads)
-            .map(|t| run_plan_args {
-                plan,
-                n_entries: n_entries as u32,
-                thread: t as u32,
-                lane: t as u32,
-                n_threads: threads as u32,
-                token,
-                pos,
-                n_run: n_run as u32,
-                ..Default::default()
-            })
-            .collect();
-        let rcs = run_threads(prog, "run_plan", &mut args);
-        self.runs += threads as u64;
-        plan_outcome(rcs, "run_plan")?;
-        Ok(args.iter().map(|a| (a.best as usize, a.best_val)).collect())
-    }
-
-    /// Runs the `generate` program once per element of `args` (one per thread, concurrently):
-    /// each feeds and generates until done or out of its time budget (see
-    /// `src/bpf/generate.bpf.h`); the records go to [`Ops::tokens`]. Returns like
-    /// [`Ops::run_plan`].
-    pub(crate) fn run_generate(
-        &mut self,
-        args: &mut [gen_args],
-    ) -> std::result::Result<(), PlanFailure> {
-        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
-            // SAFETY: as in run_plan.
-            unsafe {
-                std::ptr::write_volatile(&mut bss.plan_arrivals, 0);
-                std::ptr::write_volatile(&mut bss.plan_abort, 0);
-                std::ptr::write_volatile(&mut bss.gen_stop, [0; 8]);
-            }
-        }
-        let prog = self.skel.progs.generate.as_fd();
-        let rcs = run_threads(prog, "generate", args);
-        self.runs += args.len() as u64;
-        plan_outcome(rcs, "generate")?;
-        self.tokens.consume().map_err(PlanFailure::Error)
-    }
-
-    /// Configures the event path (`src/bpf/event.bpf.h`) with `cfg` and each slot's generation
-    /// `templates`, initialises the slots' workqueue items when `init`, and attaches the XDP
-    /// program to `cfg.ifindex`: requests are served until the returned link is dropped.
-    pub(crate) fn start_events(
-        &mut self,
-        cfg: EventCfg,
-        templates: &[GenArgs],
-        init: bool,
-    ) -> Result<libbpf_rs::Link> {
-        let bss = self
-            .skel
-            .maps
-            .bss_data
-            .as_deref_mut()
-            .ok_or_else(|| Error::Bpf {
-                what: "the event path".into(),
-                detail: "the operator object has no .bss".into(),
-            })?;
-        bss.ev_cfg = cfg;
-        bss.ev_template[..templates.len()].copy_from_slice(templates);
-        bss.ev_accepted = 0;
-        bss.ev_refused_busy = 0;
-        bss.ev_refused_invalid = 0;
-        bss.ev_done = 0;
-        if init {
-            let mut none = 0u64;
-            match test_run(self.skel.progs.ev_setup.as_fd(), "ev_setup", &mut none)? {
-                0 => {}
-                rc => {
-                    return Err(Error::KernelFeature {
-                        what: "initialising the event path's BPF workqueue items".into(),
-                        feature: "BPF workqueues (bpf_wq)",
-                        needs: "Linux >= 6.10",
-                        detail: format!("ev_setup returned {rc}"),
-                    })
-                }
-            }
-        }
-        self.skel
-            .progs
-            .ev_xdp
-            .attach_xdp(cfg.ifindex as i32)
-            .map_err(|e| load_error("the event path's XDP program", e))
-    }
-
-    /// The event path's counters: accepted, refused because every slot was busy, refused as
-    /// invalid, done (read from the mapped .bss: no system call).
-    pub(crate) fn event_counters(&self) -> [u64; 4] {
-        match self.skel.maps.bss_data.as_deref() {
-            // SAFETY: u64s the programs update atomically; each read once.
-            Some(b) => unsafe {
-                [
-                    std::ptr::read_volatile(&b.ev_accepted),
-                    std::ptr::read_volatile(&b.ev_refused_busy),
-                    std::ptr::read_volatile(&b.ev_refused_invalid),
-                    std::ptr::read_volatile(&b.ev_done),
-                ]
-            },
-            None => [0; 4],
-        }
-    }
-
     /// Values the programs clamped to their fixed-point range since load (every `sat32` and
     /// `sat_res` of `src/bpf/fixed.h` that fired): 0 means no value left its format.
     pub fn saturations(&self) -> u64 {
@@ -539,487 +233,6 @@ impl Ops {
         Ok(a)
     }
 
-    /// `x = table[token]` (Q24 → Q16), `dim` wide.
-    pub fn embed(&mut self, table: Region, token: u32, dim: usize, x: Region) -> Result<()> {
-        let mut a = embed_args {
-            table: self.addr_of(table),
-            x: self.addr_of(x),
-            token,
-            dim: dim as u32,
-        };
-        self.patch_next(vec![Patch::new(
-            std::mem::offset_of!(embed_args, token),
-            4,
-            Var::Token,
-            1,
-        )]);
-        self.run("embed", &mut a)
-    }
-
-    /// RMSNorm of `nvec` consecutive `n`-wide vectors at `x` into `y` (Q16). `x` is the i64 Q32
-    /// residual stream when `wide`, else i32 Q16 (and then `y` may equal `x`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn rmsnorm(
-        &mut self,
-        x: Region,
-        wide: bool,
-        w: Region,
-        y: Region,
-        n: usize,
-        nvec: usize,
-        eps_q64: u64,
-    ) -> Result<()> {
-        let mut a = rmsnorm_args {
-            x: self.addr_of(x),
-            w: self.addr_of(w),
-            y: self.addr_of(y),
-            eps_q64,
-            n: n as u32,
-            nvec: nvec as u32,
-            wide: wide as u32,
-            ret: 0,
-        };
-        self.run("rmsnorm", &mut a)?;
-        check_ret("rmsnorm", a.ret)
-    }
-
-    /// Per-head q_norm/k_norm and RoPE at `pos`, in place. `cos`/`sin` are the whole RoPE
-    /// tables (`[max_ctx][hd/2]`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn qk_norm_rope(
-        &mut self,
-        q: Region,
-        k: Region,
-        q_norm: Region,
-        k_norm: Region,
-        cos: Region,
-        sin: Region,
-        pos: usize,
-        n_q: usize,
-        n_k: usize,
-        hd: usize,
-        eps_q64: u64,
-    ) -> Result<()> {
-        let row = hd / 2 * 4;
-        let (cos, sin) = (cos.sub(pos * row, row)?, sin.sub(pos * row, row)?);
-        let mut a = qk_norm_rope_args {
-            q: self.addr_of(q),
-            k: self.addr_of(k),
-            q_norm: self.addr_of(q_norm),
-            k_norm: self.addr_of(k_norm),
-            cos: self.addr_of(cos),
-            sin: self.addr_of(sin),
-            eps_q64,
-            n_q: n_q as u32,
-            n_k: n_k as u32,
-            hd: hd as u32,
-            ret: 0,
-        };
-        self.patch_next(vec![
-            Patch::new(
-                std::mem::offset_of!(qk_norm_rope_args, cos),
-                8,
-                Var::Pos,
-                row,
-            ),
-            Patch::new(
-                std::mem::offset_of!(qk_norm_rope_args, sin),
-                8,
-                Var::Pos,
-                row,
-            ),
-        ]);
-        self.run("qk_norm_rope", &mut a)?;
-        check_ret("qk_norm_rope", a.ret)
-    }
-
-    /// `y[r] = W[r]·x` (y i32 Q16) or, when `accumulate`, `y[r] += W[r]·x` (y the i64 Q32
-    /// residual stream), for r in `rows`. `w` holds exactly those rows (Q24, `k` columns): a
-    /// resident matrix's sub-region or a staging window.
-    pub fn matvec(
-        &mut self,
-        w: Region,
-        x: Region,
-        y: Region,
-        k: usize,
-        rows: Rows,
-        accumulate: bool,
-    ) -> Result<()> {
-        self.matvec_batch(w, x, y, k, rows, accumulate, Batch::ONE)
-    }
-
-    /// [`Ops::matvec`] for each of `batch.n` vectors: x i32 Q16 `[n][k]`, vector b of y at
-    /// `b * batch.y_stride` bytes. Each row block is read from memory once for the whole batch.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matvec_batch(
-        &mut self,
-        w: Region,
-        x: Region,
-        y: Region,
-        k: usize,
-        rows: Rows,
-        accumulate: bool,
-        batch: Batch,
-    ) -> Result<()> {
-        let y_elem = if accumulate { 8 } else { 4 };
-        batch.check("matvec", x, k * 4, y, rows.end * y_elem)?;
-        let (w0, x, y) = (self.addr_of(w), self.addr_of(x), self.addr_of(y));
-        let mut parts: Vec<matvec_args> = self
-            .parts(rows.clone(), rows.len() * k * batch.n)
-            .into_iter()
-            .map(|p| matvec_args {
-                w: w0 + ((p.start - rows.start) * k * 4) as u64,
-                x,
-                y,
-                k: k as u32,
-                row0: p.start as u32,
-                nrows: p.len() as u32,
-                accumulate: accumulate as u32,
-                nb: batch.n as u32,
-                ystride: batch.y_stride as u64,
-                ..Default::default()
-            })
-            .collect();
-        self.run_parts("matvec", &mut parts)
-    }
-
-    /// `y[r] = silu(gate[r]·x) * (up[r]·x)` for r in `rows`; `gate` and `up` hold those rows.
-    #[allow(clippy::too_many_arguments)]
-    pub fn gate_up_swiglu(
-        &mut self,
-        gate: Region,
-        up: Region,
-        x: Region,
-        y: Region,
-        exp2: Region,
-        k: usize,
-        rows: Rows,
-    ) -> Result<()> {
-        self.gate_up_swiglu_batch(gate, up, x, y, exp2, k, rows, Batch::ONE)
-    }
-
-    /// [`Ops::gate_up_swiglu`] for each of `batch.n` vectors (x i32 Q16 `[n][k]`, vector b of y
-    /// at `b * batch.y_stride` bytes).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gate_up_swiglu_batch(
-        &mut self,
-        gate: Region,
-        up: Region,
-        x: Region,
-        y: Region,
-        exp2: Region,
-        k: usize,
-        rows: Rows,
-        batch: Batch,
-    ) -> Result<()> {
-        batch.check("gate_up_swiglu", x, k * 4, y, rows.end * 4)?;
-        let (g0, u0, x, y, exp2) = (
-            self.addr_of(gate),
-            self.addr_of(up),
-            self.addr_of(x),
-            self.addr_of(y),
-            self.addr_of(exp2),
-        );
-        let mut parts: Vec<gate_up_args> = self
-            .parts(rows.clone(), 2 * rows.len() * k * batch.n)
-            .into_iter()
-            .map(|p| {
-                let skip = ((p.start - rows.start) * k * 4) as u64;
-                gate_up_args {
-                    gate: g0 + skip,
-                    up: u0 + skip,
-                    x,
-                    y,
-                    exp2,
-                    k: k as u32,
-                    row0: p.start as u32,
-                    nrows: p.len() as u32,
-                    nb: batch.n as u32,
-                    ystride: batch.y_stride as u64,
-                }
-            })
-            .collect();
-        self.run_parts("gate_up_swiglu", &mut parts)
-    }
-
-    /// `y[i] = silu(gate[i]) * up[i]` for `n` Q16 values (y may alias either input).
-    pub fn swiglu(
-        &mut self,
-        gate: Region,
-        up: Region,
-        y: Region,
-        exp2: Region,
-        n: usize,
-    ) -> Result<()> {
-        let mut a = swiglu_args {
-            gate: self.addr_of(gate),
-            up: self.addr_of(up),
-            y: self.addr_of(y),
-            exp2: self.addr_of(exp2),
-            n: n as u32,
-            pad: 0,
-        };
-        self.run("swiglu_vec", &mut a)
-    }
-
-    /// Logits of `rows` (into `y`, indexed by row, when given) and their argmax: (row, Q16
-    /// logit), the first row on ties. `w` holds those rows.
-    pub fn lm_head_argmax(
-        &mut self,
-        w: Region,
-        x: Region,
-        y: Option<Region>,
-        k: usize,
-        rows: Rows,
-    ) -> Result<(usize, i32)> {
-        let (w0, x, y) = (
-            self.addr_of(w),
-            self.addr_of(x),
-            y.map(|r| self.addr_of(r)).unwrap_or(0),
-        );
-        let mut parts: Vec<lm_head_args> = self
-            .parts(rows.clone(), rows.len() * k)
-            .into_iter()
-            .map(|p| lm_head_args {
-                w: w0 + ((p.start - rows.start) * k * 4) as u64,
-                x,
-                y,
-                k: k as u32,
-                row0: p.start as u32,
-                nrows: p.len() as u32,
-                ..Default::default()
-            })
-            .collect();
-        self.pending.1 = Some(HeadFields::at(
-            std::mem::offset_of!(lm_head_args, best),
-            std::mem::offset_of!(lm_head_args, best_val),
-        ));
-        self.run_parts("lm_head_argmax", &mut parts)?;
-        Ok(first_best(
-            rows.start,
-            parts.iter().map(|a| (a.best as usize, a.best_val)),
-        ))
-    }
-
-    /// Causal GQA attention at `pos` (see [`crate::num::fixed::attention`]).
-    pub fn attention(
-        &mut self,
-        b: &AttentionBuffers,
-        pos: usize,
-        s: crate::num::fixed::AttnShape,
-        scale_q22: i32,
-    ) -> Result<()> {
-        // split by kv heads as attention_i8 is (a plan is recorded at position 0 for every one)
-        let macs = 2 * (pos + 1) * s.n_q * s.hd;
-        let n = if self.is_recording() || macs >= self.par_min_macs / 4 {
-            self.threads.min(s.n_kv)
-        } else {
-            1
-        };
-        let a = attention_args {
-            q: self.addr_of(b.q),
-            k: self.addr_of(b.k),
-            v: self.addr_of(b.v),
-            k_cache: self.addr_of(b.k_cache),
-            v_cache: self.addr_of(b.v_cache),
-            probs: self.addr_of(b.probs),
-            acc: self.addr_of(b.acc),
-            out: self.addr_of(b.out),
-            exp2: self.addr_of(b.exp2),
-            pos: pos as u32,
-            max_ctx: s.max_ctx as u32,
-            n_q: s.n_q as u32,
-            n_kv: s.n_kv as u32,
-            hd: s.hd as u32,
-            scale_q22,
-            kv0: 0,
-            kv1: s.n_kv as u32,
-        };
-        let mut parts: Vec<attention_args> = (0..n)
-            .map(|i| attention_args {
-                kv0: (i * s.n_kv / n) as u32,
-                kv1: ((i + 1) * s.n_kv / n) as u32,
-                ..a
-            })
-            .collect();
-        self.patch_next(vec![Patch::new(
-            std::mem::offset_of!(attention_args, pos),
-            4,
-            Var::Pos,
-            1,
-        )]);
-        self.run_parts("attention", &mut parts)
-    }
-}
-
-/// The arena regions one int8-KV attention run reads and writes (see `src/bpf/kv8.bpf.h`).
-#[derive(Debug, Clone, Copy)]
-pub struct AttentionI8Buffers {
-    /// Queries `[n_q][hd]` (Q22).
-    pub q: Region,
-    /// This position's keys `[n_kv][hd]` (Q16).
-    pub k: Region,
-    /// This position's values `[n_kv][hd]` (Q16).
-    pub v: Region,
-    /// The layer's key codes `[n_kv][max_ctx][hd]` (i8), the kv heads `codes_stride` bytes apart.
-    pub k_codes: Region,
-    /// The layer's key steps `[n_kv][max_ctx]` (u32), the kv heads `steps_stride` bytes apart.
-    pub k_steps: Region,
-    /// The layer's value codes, laid out as the key codes.
-    pub v_codes: Region,
-    /// The layer's value steps, laid out as the key steps.
-    pub v_steps: Region,
-    /// Bytes from one kv head's codes to the next (at least `max_ctx * hd`).
-    pub codes_stride: usize,
-    /// Bytes from one kv head's steps to the next (at least `max_ctx * 4`).
-    pub steps_stride: usize,
-    /// Scratch `[n_q][max_ctx]` u32.
-    pub probs: Region,
-    /// Scratch `[n_pairs][max_ctx]` u64.
-    pub wv: Region,
-    /// Scratch `[n_pairs][hd]` u64.
-    pub qq: Region,
-    /// Scratch `[n_pairs][hd]` u64.
-    pub acc: Region,
-    /// Output `[n_q][hd]`.
-    pub out: Region,
-    /// The exp2 table.
-    pub exp2: Region,
-    /// The layer's key smoothing shifts `[hd]` (u8).
-    pub ksh: Region,
-}
-
-/// A block of vectors through one batched operator (a prefill block): `n` vectors, x's
-/// consecutive, y's `y_stride` bytes apart.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Batch {
-    /// Vectors, 1..=[`crate::num::limits::BATCH_MAX`].
-    pub n: usize,
-    /// Bytes from one output vector to the next (unused when `n` is 1).
-    pub y_stride: usize,
-}
-
-impl Batch {
-    /// One vector: the decode step.
-    pub const ONE: Batch = Batch { n: 1, y_stride: 0 };
-
-    /// Checks the batch size and that `x` holds `n` vectors of `x_bytes` and `y` reaches
-    /// `y_end` bytes into its last vector.
-    pub(crate) fn check(
-        &self,
-        what: &str,
-        x: Region,
-        x_bytes: usize,
-        y: Region,
-        y_end: usize,
-    ) -> Result<()> {
-        let max = crate::num::limits::BATCH_MAX;
-        if self.n == 0 || self.n > max {
-            return Err(Error::Invalid(format!(
-                "{what}: a batch of {} vectors (1..={max})",
-                self.n
-            )));
-        }
-        let y_need = (self.n - 1) * self.y_stride + y_end;
-        if x.len < self.n * x_bytes || y.len < y_need {
-            return Err(Error::Invalid(format!(
-                "{what}: {} vectors need x of {} bytes and y of {y_need}, got {} and {}",
-                self.n,
-                self.n * x_bytes,
-                x.len,
-                y.len
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// Query-head pairs of the int8-KV attention: `n_kv * ceil(group / 2)`.
-pub fn kv8_pairs(n_q: usize, n_kv: usize) -> usize {
-    n_kv * (n_q / n_kv).div_ceil(2)
-}
-
-impl Ops {
-    /// Causal GQA attention at `pos` over the int8 KV cache (see [`crate::num::kv8::attention`]): the
-    /// kv heads are split across threads once the step is large enough to gain from it.
-    pub fn attention_i8(
-        &mut self,
-        b: &AttentionI8Buffers,
-        pos: usize,
-        s: crate::num::fixed::AttnShape,
-        scale_q22: i32,
-    ) -> Result<()> {
-        // A plan is recorded at position 0 and runs at every position: split it as for long
-        // contexts (a split costs a barrier, which the neighbouring entries need anyway).
-        let macs = 2 * (pos + 1) * s.n_q * s.hd;
-        let n = if self.is_recording() || macs >= self.par_min_macs / 4 {
-            self.threads.min(s.n_kv)
-        } else {
-            1
-        };
-        // every kv head's part inside its region, the strides in the kernel's u32
-        let n_kv = s.n_kv.max(1);
-        let fits = |r: Region, stride: usize, row: usize| {
-            stride >= s.max_ctx * row
-                && stride <= u32::MAX as usize
-                && r.len >= (n_kv - 1) * stride + s.max_ctx * row
-        };
-        if !(fits(b.k_codes, b.codes_stride, s.hd)
-            && fits(b.v_codes, b.codes_stride, s.hd)
-            && fits(b.k_steps, b.steps_stride, 4)
-            && fits(b.v_steps, b.steps_stride, 4))
-        {
-            return Err(Error::Invalid(format!(
-                "attention_i8: code and step arrays of {} kv heads, {} positions and head_dim {} \
-                 do not fit regions of {}/{}/{}/{} bytes with head strides {} and {}",
-                s.n_kv,
-                s.max_ctx,
-                s.hd,
-                b.k_codes.len,
-                b.k_steps.len,
-                b.v_codes.len,
-                b.v_steps.len,
-                b.codes_stride,
-                b.steps_stride
-            )));
-        }
-        let a = |r: Region| self.addr_of(r);
-        let mut parts: Vec<attention_i8_args> = (0..n)
-            .map(|i| attention_i8_args {
-                q: a(b.q),
-                k: a(b.k),
-                v: a(b.v),
-                k_codes: a(b.k_codes),
-                k_steps: a(b.k_steps),
-                v_codes: a(b.v_codes),
-                v_steps: a(b.v_steps),
-                probs: a(b.probs),
-                wv: a(b.wv),
-                qq: a(b.qq),
-                acc: a(b.acc),
-                out: a(b.out),
-                exp2: a(b.exp2),
-                ksh: a(b.ksh),
-                pos: pos as u32,
-                max_ctx: s.max_ctx as u32,
-                n_q: s.n_q as u32,
-                n_kv: s.n_kv as u32,
-                hd: s.hd as u32,
-                kv0: (i * s.n_kv / n) as u32,
-                kv1: ((i + 1) * s.n_kv / n) as u32,
-                scale_q22,
-                codes_stride: b.codes_stride as u32,
-                steps_stride: b.steps_stride as u32,
-            })
-            .collect();
-        self.patch_next(vec![Patch::new(
-            std::mem::offset_of!(attention_i8_args, pos),
-            4,
-            Var::Pos,
-            1,
-        )]);
-        self.run_parts("attention_i8", &mut parts)
-    }
 }
 
 /// The overall argmax of row ranges' argmaxes `(row, logit)`, given in row order: a later range
@@ -1030,29 +243,6 @@ pub fn first_best(start: usize, parts: impl IntoIterator<Item = (usize, i64)>) -
         .into_iter()
         .fold((start, i64::MIN), |b, p| if p.1 > b.1 { p } else { b });
     (best.0, best.1 as i32)
-}
-
-/// The arena regions one attention run reads and writes.
-#[derive(Debug, Clone, Copy)]
-pub struct AttentionBuffers {
-    /// Queries `[n_q][hd]`.
-    pub q: Region,
-    /// This position's keys `[n_kv][hd]`.
-    pub k: Region,
-    /// This position's values `[n_kv][hd]`.
-    pub v: Region,
-    /// The layer's key cache `[max_ctx][n_kv][hd]`.
-    pub k_cache: Region,
-    /// The layer's value cache.
-    pub v_cache: Region,
-    /// Scratch `[n_q][max_ctx]` u32.
-    pub probs: Region,
-    /// Scratch `[n_q][hd]` i64.
-    pub acc: Region,
-    /// Output `[n_q][hd]`.
-    pub out: Region,
-    /// The exp2 table.
-    pub exp2: Region,
 }
 
 fn open_and_load(
@@ -1078,7 +268,7 @@ fn open_and_load(
         .map_err(|e| load_error("the operator programs", e))
 }
 
-fn check_ret(what: &str, ret: i32) -> Result<()> {
+pub(super) fn check_ret(what: &str, ret: i32) -> Result<()> {
     if ret != 0 {
         return Err(Error::Bpf {
             what: what.into(),

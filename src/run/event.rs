@@ -14,8 +14,8 @@ use crate::run::generate::FinishReason;
 use crate::kernel::ring::{GenToken, Record};
 use crate::{Error, Model, Result};
 
-/// Request slots a model can have (`EV_SLOTS_MAX`).
-pub const SLOTS_MAX: usize = 8;
+/// Request slots a model can have (`EV_SLOTS_MAX`): one per `run_plan` lane.
+pub const SLOTS_MAX: usize = crate::kernel::plan::THREADS_MAX;
 /// Prompt tokens one datagram may carry (`EV_PROMPT_MAX`).
 pub const PROMPT_MAX: usize = 1024;
 /// The first word of a request datagram (`EV_MAGIC`, "QBPF").
@@ -30,7 +30,7 @@ pub struct EventConfig {
     pub port: u16,
     /// The interface the XDP program is attached to (its index).
     pub ifindex: u32,
-    /// IPv4 sources whose datagrams are served (at most [`SOURCES_MAX`]); others pass by.
+    /// IPv4 sources whose datagrams are served (at most `SOURCES_MAX`); others pass by.
     pub sources: Vec<Ipv4Addr>,
     /// The most new tokens a request may ask for.
     pub max_new: u32,
@@ -62,7 +62,7 @@ pub fn ifindex(name: &str) -> Result<u32> {
     }
 }
 
-/// The payload of a request datagram: [`MAGIC`], `request`, `max_new`, the prompt's length and
+/// The payload of a request datagram: `MAGIC`, `request`, `max_new`, the prompt's length and
 /// its token ids, as little-endian u32s.
 pub fn request_datagram(request: u32, max_new: u32, prompt: &[u32]) -> Vec<u8> {
     [MAGIC, request, max_new, prompt.len() as u32]
@@ -229,5 +229,92 @@ impl Drop for EventServer<'_> {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+}
+
+impl Model {
+    /// Serves generations started by kernel events (see `run::event`) until the returned
+    /// server is dropped: attaches the XDP program to `cfg.ifindex` for UDP datagrams to
+    /// `cfg.port` from `cfg.sources`. Needs [`ModelOptions::event_slots`](crate::ModelOptions::event_slots) > 0; every slot's KV
+    /// cache is committed in full first. Each request starts a fresh context at position 0.
+    pub fn serve_events(
+        &mut self,
+        cfg: &EventConfig,
+    ) -> Result<EventServer<'_>> {
+        use {PROMPT_MAX, SOURCES_MAX};
+        if self.events.is_empty() {
+            return Err(Error::Invalid(
+                "serving kernel events needs a model opened with event_slots > 0".into(),
+            ));
+        }
+        if cfg.sources.is_empty() || cfg.sources.len() > SOURCES_MAX {
+            return Err(Error::InvalidParameter {
+                name: "sources",
+                value: cfg.sources.len() as f64,
+                expected: "1 to 4 IPv4 sources",
+            });
+        }
+        let stops = crate::run::in_kernel::kernel_stops(&cfg.stop_tokens)?;
+        if cfg.max_new == 0 {
+            return Err(Error::InvalidParameter {
+                name: "max_new",
+                value: 0.0,
+                expected: "at least 1",
+            });
+        }
+        let vocab = if self.vocab_loaded {
+            self.ops.addr_of(self.b.vocab)
+        } else {
+            0
+        };
+        let mut templates = Vec::new();
+        for (i, (b, plan)) in self.events.iter_mut().enumerate() {
+            b.kv.ensure(&mut self.ops.arena, self.max_context);
+            templates.push(crate::kernel::ops::GenArgs {
+                run: crate::kernel::ops::RunPlanArgs {
+                    plan: self.ops.arena.addr(b.plan),
+                    n_entries: plan.entries.len() as u32,
+                    n_threads: 1,
+                    lane: i as u32,
+                    ..Default::default()
+                },
+                prompt: self.ops.arena.addr(b.prompt),
+                vocab,
+                budget_ns: crate::run::in_kernel::BUDGET.as_nanos() as u64,
+                max_ctx: self.max_context as u32,
+                head_parts: 1,
+                n_stops: cfg.stop_tokens.len() as u32,
+                stops,
+                ..Default::default()
+            });
+        }
+        let mut sources = [0u32; SOURCES_MAX];
+        for (s, a) in sources.iter_mut().zip(&cfg.sources) {
+            *s = u32::from_ne_bytes(a.octets());
+        }
+        let ev = crate::kernel::ops::EventCfg {
+            port: cfg.port as u32,
+            ifindex: cfg.ifindex,
+            n_sources: cfg.sources.len() as u32,
+            sources,
+            vocab: self.cfg.vocab_size as u32,
+            max_new: cfg.max_new,
+            max_prompt: PROMPT_MAX.min(self.max_context) as u32,
+            n_slots: self.events.len() as u32,
+        };
+        self.ops.tokens.clear();
+        let link = self.ops.start_events(ev, &templates, !self.events_ready)?;
+        self.events_ready = true;
+        Ok(EventServer::new(self, link))
+    }
+
+    /// Waits up to `timeout_ms` for ring-buffer records.
+    pub(crate) fn poll_records(&mut self, timeout_ms: i32) -> Result<()> {
+        self.ops.tokens.poll(timeout_ms)
+    }
+
+    /// The event path's counters.
+    pub(crate) fn event_counters(&self) -> [u64; 4] {
+        self.ops.event_counters()
     }
 }

@@ -140,23 +140,10 @@ impl Model {
     pub fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation<'_>> {
         let sampling = &opts.sampling;
         sampling.validate()?;
+        self.check_feed(prompt)?;
         let Some((&last, head)) = prompt.split_last() else {
             return Err(Error::EmptyPrompt);
         };
-        let vocab = self.config().vocab_size;
-        if let Some((index, &id)) = prompt
-            .iter()
-            .enumerate()
-            .find(|&(_, &t)| t as usize >= vocab)
-        {
-            return Err(Error::TokenOutOfRange { id, index, vocab });
-        }
-        if prompt.len() > self.max_context() - self.position() {
-            return Err(Error::ContextOverflow {
-                pos: self.max_context(),
-                max_context: self.max_context(),
-            });
-        }
         let (sampler, first) = if sampling.is_greedy() && !sampling.has_penalties() {
             if !head.is_empty() {
                 self.prefill(head)?;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use crate::run::generate::FinishReason;
 use crate::kernel::ops::{GenArgs, PlanFailure};
 use crate::kernel::ring::GenToken;
-use crate::{Error, Model, Result};
+use crate::{Error, GenerateOptions, Model, Result, Tokenizer};
 
 /// The longest one in-kernel generation invocation runs before it returns to user space.
 pub const BUDGET: Duration = Duration::from_millis(500);
@@ -229,5 +229,155 @@ impl Iterator for KernelText<'_> {
                 }
             }
         }
+    }
+}
+
+/// The stop tokens as the kernel takes them: at most [`STOPS_MAX`].
+pub(crate) fn kernel_stops(tokens: &[u32]) -> Result<[u32; STOPS_MAX]> {
+    let mut stops = [0u32; STOPS_MAX];
+    if tokens.len() > stops.len() {
+        return Err(Error::InvalidParameter {
+            name: "stop_tokens",
+            value: tokens.len() as f64,
+            expected: "at most 8 stop tokens in the kernel",
+        });
+    }
+    stops[..tokens.len()].copy_from_slice(tokens);
+    Ok(stops)
+}
+
+
+impl Model {
+    /// Puts every token's text bytes ([`Tokenizer::token_bytes`]) in the arena, so that
+    /// [`Model::generate_in_kernel`] carries the text of each token out of the kernel with it.
+    /// A vocabulary whose text exceeds the space reserved for it, or with a token longer than a
+    /// ring-buffer record holds (256 bytes), is refused.
+    pub fn load_vocabulary(&mut self, tok: &Tokenizer) -> Result<()> {
+        let n = self.cfg.vocab_size;
+        let bytes = tok.vocabulary_bytes(n);
+        if let Some((id, b)) = bytes
+            .iter()
+            .enumerate()
+            .find(|(_, b)| b.len() > crate::kernel::ring::TEXT_MAX)
+        {
+            return Err(Error::Invalid(format!(
+                "token {id} has {} bytes of text; in-kernel generation carries at most {}",
+                b.len(),
+                crate::kernel::ring::TEXT_MAX
+            )));
+        }
+        let head = (n + 1) * 4;
+        let total = head + bytes.iter().map(Vec::len).sum::<usize>();
+        if total > self.b.vocab.len() {
+            return Err(Error::Invalid(format!(
+                "the vocabulary's text takes {total} bytes; {} are reserved",
+                self.b.vocab.len()
+            )));
+        }
+        let mut table = Vec::with_capacity(total);
+        let mut off = head as u32;
+        for b in bytes.iter().map(|b| b.len() as u32).chain([0]) {
+            table.extend_from_slice(&off.to_ne_bytes());
+            off += b;
+        }
+        bytes.iter().for_each(|b| table.extend_from_slice(b));
+        let dst = self.b.vocab.prefix(total)?;
+        self.ops.arena.slice_mut::<u8>(dst)?.copy_from_slice(&table);
+        self.vocab_loaded = true;
+        Ok(())
+    }
+
+    /// Greedy generation inside the kernel: one BPF invocation per thread feeds `prompt` and
+    /// generates up to `opts.max_tokens` tokens (stopping at `opts.stop_tokens`), the argmax of
+    /// each step fed back in the kernel, writing each token to a BPF ring buffer as it is made;
+    /// the returned iterator reads them. An invocation runs at most
+    /// `BUDGET` (the first one returns after the first new token) and the
+    /// iterator invokes again until the generation ends.
+    /// Needs a store that can be planned; `opts.sampling` must be greedy (the kernel has no
+    /// sampler). The prompt is checked as in [`Model::prefill`].
+    pub fn generate_in_kernel(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+    ) -> Result<KernelGeneration<'_>> {
+        let Some(plan) = self.plan.clone() else {
+            return Err(Error::Invalid(format!(
+                "in-kernel generation needs a store that can be planned, not {}",
+                self.store.name()
+            )));
+        };
+        let p = &opts.sampling;
+        for (name, value, greedy) in [
+            ("temperature", p.temperature, 0.0),
+            ("repetition_penalty", p.repetition_penalty, 1.0),
+            ("presence_penalty", p.presence_penalty, 0.0),
+            ("frequency_penalty", p.frequency_penalty, 0.0),
+        ] {
+            if value != greedy {
+                return Err(Error::InvalidParameter {
+                    name,
+                    value: value as f64,
+                    expected: "the greedy setting: in-kernel generation takes the argmax",
+                });
+            }
+        }
+        let stops = kernel_stops(&opts.stop_tokens)?;
+        self.check_feed(prompt)?;
+        let max_new = opts.max_tokens.min(u32::MAX as usize - 1) as u32;
+        // every position this generation can feed, committed ahead (a store to an uncommitted
+        // arena page would be lost)
+        let reach = (self.pos + prompt.len() + max_new as usize).min(self.max_context);
+        self.b.kv.ensure(&mut self.ops.arena, reach);
+        let dst = self.b.prompt.prefix(prompt.len() * 4)?;
+        self.ops
+            .arena
+            .slice_mut::<u32>(dst)?
+            .copy_from_slice(prompt);
+        self.ops.tokens.clear();
+        let head = plan.entries.last().expect("a plan ends with the head");
+        let args = (0..plan.threads)
+            .map(|t| crate::kernel::ops::GenArgs {
+                run: crate::kernel::ops::RunPlanArgs {
+                    plan: self.ops.addr_of(self.b.plan),
+                    n_entries: plan.entries.len() as u32,
+                    thread: t as u32,
+                    lane: t as u32,
+                    n_threads: plan.threads as u32,
+                    pos: self.pos as u32,
+                    ..Default::default()
+                },
+                prompt: self.ops.addr_of(self.b.prompt),
+                vocab: if self.vocab_loaded {
+                    self.ops.addr_of(self.b.vocab)
+                } else {
+                    0
+                },
+                budget_ns: BUDGET.as_nanos() as u64,
+                n_prompt: prompt.len() as u32,
+                max_new,
+                max_ctx: self.max_context as u32,
+                head_parts: head.parts.len() as u32,
+                n_stops: opts.stop_tokens.len() as u32,
+                stops,
+                ..Default::default()
+            })
+            .collect();
+        Ok(KernelGeneration::new(self, args))
+    }
+
+    /// One round of in-kernel generation (see [`crate::run::in_kernel`]): runs `args` and moves the
+    /// position to where the kernel stopped.
+    pub(crate) fn invoke_generate(
+        &mut self,
+        args: &mut [crate::kernel::ops::GenArgs],
+    ) -> std::result::Result<(), PlanFailure> {
+        let r = self.ops.run_generate(args);
+        self.pos = args[0].run.pos as usize;
+        r
+    }
+
+    /// The next record of in-kernel generation, if one has arrived.
+    pub(crate) fn next_generated(&mut self) -> Option<crate::kernel::ring::GenToken> {
+        self.ops.tokens.pop()
     }
 }

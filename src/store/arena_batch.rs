@@ -26,6 +26,13 @@ struct LayerOffsets {
     down: usize,
 }
 
+impl super::Layer for LayerOffsets {
+    type Matrix = usize;
+    fn linears(&self) -> [usize; 3] {
+        [self.qkv, self.o, self.down]
+    }
+}
+
 /// Q24 weights streamed through a small arena window.
 #[derive(Debug)]
 pub struct ArenaBatchStore {
@@ -153,11 +160,7 @@ impl WeightStore for ArenaBatchStore {
     ) -> Result<()> {
         let k = super::linear_cols(&self.cfg, m);
         let batch = super::batch(&self.cfg, m, accumulate, n);
-        let base = match m {
-            Linear::Qkv(l) => self.layers[l].qkv,
-            Linear::O(l) => self.layers[l].o,
-            Linear::Down(l) => self.layers[l].down,
-        };
+        let base = super::linear(&self.layers, m);
         for b in self.batches(rows, k, 1).collect::<Vec<_>>() {
             let w = self.stage(ops, base, k, &b, 0)?;
             ops.matvec_batch(w, x, y, k, b, accumulate, batch)?;

@@ -75,6 +75,13 @@ struct LayerMats {
     down: PackedRegions,
 }
 
+impl super::Layer for LayerMats {
+    type Matrix = PackedRegions;
+    fn linears(&self) -> [PackedRegions; 3] {
+        [self.qkv, self.o, self.down]
+    }
+}
+
 /// Quantised weights resident in the arena.
 #[derive(Debug)]
 pub struct IntStore {
@@ -552,11 +559,7 @@ impl WeightStore for IntStore {
         accumulate: bool,
         n: usize,
     ) -> Result<()> {
-        let mat = match m {
-            Linear::Qkv(l) => self.layers[l].qkv,
-            Linear::O(l) => self.layers[l].o,
-            Linear::Down(l) => self.layers[l].down,
-        };
+        let mat = super::linear(&self.layers, m);
         let xq = self.quantize(ops, x, &mat, n)?;
         let batch = super::batch(&self.cfg, m, accumulate, n);
         ops.swar_matvec_batch(&mat, &xq, y, rows, accumulate, batch)

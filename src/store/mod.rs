@@ -29,6 +29,25 @@ pub enum Linear {
     Down(usize),
 }
 
+/// A store's per-layer weights, which hold the three matrices [`Linear`] names (in the store's
+/// own form: regions, packed regions, cache offsets).
+pub(crate) trait Layer {
+    /// How the store holds one matrix.
+    type Matrix: Copy;
+    /// The layer's `[qkv, o, down]`.
+    fn linears(&self) -> [Self::Matrix; 3];
+}
+
+/// `layers`' matrix that `m` names: the one place that maps a [`Linear`] to a layer's field.
+pub(crate) fn linear<L: Layer>(layers: &[L], m: Linear) -> L::Matrix {
+    let (l, i) = match m {
+        Linear::Qkv(l) => (l, 0),
+        Linear::O(l) => (l, 1),
+        Linear::Down(l) => (l, 2),
+    };
+    layers[l].linears()[i]
+}
+
 /// An RMSNorm weight vector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Norm {

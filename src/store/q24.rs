@@ -113,6 +113,13 @@ struct LayerRegions {
     down: Region,
 }
 
+impl super::Layer for LayerRegions {
+    type Matrix = Region;
+    fn linears(&self) -> [Region; 3] {
+        [self.qkv, self.o, self.down]
+    }
+}
+
 /// Q24 weights resident in the arena.
 #[derive(Debug)]
 pub struct Q24Store {
@@ -289,11 +296,7 @@ impl WeightStore for Q24Store {
         accumulate: bool,
         n: usize,
     ) -> Result<()> {
-        let w = match m {
-            Linear::Qkv(l) => self.layers[l].qkv,
-            Linear::O(l) => self.layers[l].o,
-            Linear::Down(l) => self.layers[l].down,
-        };
+        let w = super::linear(&self.layers, m);
         let k = super::linear_cols(&self.cfg, m);
         let batch = super::batch(&self.cfg, m, accumulate, n);
         ops.matvec_batch(rows_of(w, k, &rows)?, x, y, k, rows, accumulate, batch)

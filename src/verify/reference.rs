@@ -270,12 +270,13 @@ impl Reference {
     }
 
     /// Keeps only the first `position` tokens of the context. A position beyond the current one
-    /// is [`Error::ContextOverflow`] (and changes nothing).
+    /// is [`Error::InvalidParameter`] (and changes nothing).
     pub fn rewind(&mut self, position: usize) -> Result<()> {
         if position > self.pos {
-            return Err(Error::ContextOverflow {
-                pos: position,
-                max_context: self.pos,
+            return Err(Error::InvalidParameter {
+                name: "position",
+                value: position as f64,
+                expected: "at most the current position (rewind keeps a prefix of what was fed)",
             });
         }
         let kept = position * self.cfg.kv_dim();
@@ -287,14 +288,14 @@ impl Reference {
         Ok(())
     }
 
-    /// Feeds `token` at the current position and returns the logits `[vocab]` for the next token
-    /// as a new vector; [`Forward::forward`] returns them borrowed, without the copy.
+    /// Feeds `token` at the current position and returns the logits `[vocab]` for the next
+    /// token, borrowed until the next call (as [`crate::Model::forward`]).
     ///
     /// Fails with [`Error::TokenOutOfRange`] if `token` is not below the vocabulary size and with
     /// [`Error::ContextOverflow`] if the KV cache is full; in both cases nothing changes.
-    pub fn forward(&mut self, token: u32) -> Result<Vec<f32>> {
+    pub fn forward(&mut self, token: u32) -> Result<&[f32]> {
         self.step(token)?;
-        Ok(self.s.logits.clone())
+        Ok(&self.s.logits)
     }
 
     /// One decoder pass at the current position: the logits land in `self.s.logits`.
@@ -309,19 +310,7 @@ impl Reference {
         let pos = self.pos;
         let threads = self.threads;
 
-        if token as usize >= cfg.vocab_size {
-            return Err(Error::TokenOutOfRange {
-                id: token,
-                index: pos,
-                vocab: cfg.vocab_size,
-            });
-        }
-        if pos >= self.max_context {
-            return Err(Error::ContextOverflow {
-                pos,
-                max_context: self.max_context,
-            });
-        }
+        crate::types::check_feed(&[token], pos, self.max_context, cfg.vocab_size)?;
         let s = &mut self.s;
 
         // 1. Embedding: hidden_states = embed_tokens[token]                          [hidden]
@@ -454,8 +443,7 @@ impl Forward for Reference {
     }
 
     fn forward(&mut self, token: u32) -> Result<&[f32]> {
-        self.step(token)?;
-        Ok(&self.s.logits)
+        Reference::forward(self, token)
     }
 
     fn reset(&mut self) {

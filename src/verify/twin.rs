@@ -9,7 +9,7 @@ use crate::types::KvFormat;
 use crate::num::kv8;
 use crate::store::cache::CacheFile;
 use crate::store::q24;
-use crate::{Checkpoint, Config, Error, Result};
+use crate::{Checkpoint, Config, Result};
 
 /// The Rust twin of a Q24 [`crate::Model`].
 #[derive(Debug)]
@@ -81,19 +81,7 @@ impl TwinModel {
     /// Feeds `token`; returns the Q16 logits and their argmax.
     pub fn forward(&mut self, token: u32) -> Result<(Vec<i32>, usize)> {
         let c = self.cfg.clone();
-        if token as usize >= c.vocab_size {
-            return Err(Error::TokenOutOfRange {
-                id: token,
-                index: self.pos,
-                vocab: c.vocab_size,
-            });
-        }
-        if self.pos >= self.max_ctx {
-            return Err(Error::ContextOverflow {
-                pos: self.pos,
-                max_context: self.max_ctx,
-            });
-        }
+        crate::types::check_feed(&[token], self.pos, self.max_ctx, c.vocab_size)?;
         let (h, hd, pos) = (c.hidden_size, c.head_dim(), self.pos);
         let (qd, kvd, ffn) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
         let eps = fixed::eps_q64(c.rms_norm_eps);

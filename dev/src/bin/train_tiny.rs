@@ -474,12 +474,12 @@ fn run(args: &Args) -> Res<()> {
         let mut out = prompt.as_bytes().to_vec();
         let mut logits = Vec::new();
         for &c in prompt.as_bytes() {
-            logits = reference.forward(c as u32)?;
+            logits = reference.forward(c as u32)?.to_vec();
         }
         for _ in 0..200 {
             let next = pick(&logits, temperature, 0, &mut rng).0;
             out.push(next);
-            logits = reference.forward(next as u32)?;
+            logits = reference.forward(next as u32)?.to_vec();
         }
         let text = String::from_utf8_lossy(&out);
         eprintln!("sample, temperature {temperature}:\n{text}\n");

@@ -1,0 +1,193 @@
+//! The crate's layering: every module of `src/` sits in one layer, and a module may use its own
+//! layer and those below it, never one above (see README, "Architecture"). The test reads every
+//! `crate::` path in `src/` (imports and paths in code alike), resolves the names `lib.rs`
+//! re-exports to the module they come from, and fails on a use of a higher layer. It also fails
+//! on a circle between the layer folders, and on a source file above 800 lines.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// The layers, lowest first: a module may use the layers at or before its own.
+const LAYERS: &[&[&str]] = &[
+    &["error"],
+    &["hf"],
+    &["types", "forward", "num"],
+    &["kernel"],
+    &["store"],
+    &["verify"],
+    &["model"],
+    &["run"],
+];
+
+fn rank(module: &str) -> usize {
+    LAYERS
+        .iter()
+        .position(|l| l.contains(&module))
+        .unwrap_or_else(|| panic!("module `{module}` is in no layer of tests/layers.rs"))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// The top-level module a file of `src/` belongs to (`src/num/fixed.rs` → `num`).
+fn module_of(src: &Path, file: &Path) -> String {
+    let rel = file.strip_prefix(src).unwrap();
+    let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+    first.trim_end_matches(".rs").to_string()
+}
+
+/// The names `lib.rs` re-exports (`pub use model::{Model, ...}`) and the module each is from.
+fn reexports(lib: &str) -> BTreeMap<String, String> {
+    let mut map = BTreeMap::new();
+    for stmt in lib.split(';') {
+        let Some(rest) = stmt.rfind("pub use ").map(|i| &stmt[i + "pub use ".len()..]) else {
+            continue;
+        };
+        let module = rest.split("::").next().unwrap().trim().to_string();
+        let names = match rest.find('{') {
+            Some(i) => rest[i + 1..].trim_end_matches('}').to_string(),
+            None => rest.rsplit("::").next().unwrap().to_string(),
+        };
+        for n in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            map.insert(n.to_string(), module.clone());
+        }
+    }
+    map
+}
+
+/// Every `crate::a` or `crate::{A, b::c}` a line names, as top-level names (`a`, `A`, `b`).
+fn crate_paths(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = line;
+    while let Some(i) = rest.find("crate::") {
+        let before = rest[..i].chars().last();
+        rest = &rest[i + "crate::".len()..];
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue; // e.g. `qwen_bpf_crate::`
+        }
+        if let Some(group) = rest.strip_prefix('{') {
+            let end = group.find('}').unwrap_or(group.len());
+            for part in group[..end].split(',') {
+                let name: String = part
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.push(name);
+                }
+            }
+        } else {
+            let name: String = rest
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() {
+                out.push(name);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_module_uses_a_layer_above_its_own_and_the_layers_form_no_circle() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    let names = reexports(&lib);
+    // the crate-root helpers every layer may use
+    let root: BTreeSet<&str> = ["progress_bar"].into();
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    files.sort();
+    let mut violations = Vec::new();
+    let mut edges: BTreeSet<(String, String)> = BTreeSet::new();
+    for file in files.iter().filter(|f| !f.ends_with("lib.rs")) {
+        let from = module_of(&src, file);
+        let text = std::fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.trim_start();
+            if code.starts_with("//") {
+                continue; // docs may point anywhere
+            }
+            for name in crate_paths(line) {
+                if root.contains(name.as_str()) {
+                    continue;
+                }
+                let to = names.get(&name).cloned().unwrap_or(name.clone());
+                if to == from {
+                    continue;
+                }
+                edges.insert((from.clone(), to.clone()));
+                if rank(&to) > rank(&from) {
+                    violations.push(format!(
+                        "{}:{}: `{from}` (layer {}) uses `crate::{name}` of `{to}` (layer {})",
+                        file.strip_prefix(&src).unwrap().display(),
+                        n + 1,
+                        rank(&from),
+                        rank(&to)
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        violations.is_empty(),
+        "imports from a higher layer:\n{}",
+        violations.join("\n")
+    );
+    // No circle between the layer folders: with every edge pointing to a layer at or below its
+    // own, a circle could only run inside one layer; look for one among all edges.
+    let modules: BTreeSet<&String> = edges.iter().flat_map(|(a, b)| [a, b]).collect();
+    for start in modules {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![start.clone()];
+        while let Some(m) = stack.pop() {
+            for (_, to) in edges.iter().filter(|(a, _)| *a == m) {
+                assert!(to != start, "a dependency circle through `{start}` and `{m}`");
+                if seen.insert(to.clone()) {
+                    stack.push(to.clone());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_layer_scan_sees_imports_groups_and_reexported_names() {
+    assert_eq!(crate_paths("use crate::num::fixed::{self, Q};"), ["num"]);
+    assert_eq!(
+        crate_paths("use crate::{Config, Error, Result};"),
+        ["Config", "Error", "Result"]
+    );
+    assert_eq!(crate_paths("let x = crate::run::event::MAGIC + qwen_bpf_crate::y;"), ["run"]);
+    let names = reexports("pub use model::{KernelMemory, Model};\npub use types::Backend;");
+    assert_eq!(names["Model"], "model");
+    assert_eq!(names["Backend"], "types");
+    assert_eq!(rank("run"), LAYERS.len() - 1);
+}
+
+#[test]
+fn no_source_file_is_longer_than_800_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    for dir in ["src", "tests", "benches", "examples", "dev"] {
+        rust_files(&root.join(dir), &mut files);
+    }
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let n = std::fs::read_to_string(f).unwrap().lines().count();
+            (n > 800).then(|| format!("{} ({n} lines)", f.strip_prefix(root).unwrap().display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "files above 800 lines: {long:?}");
+}
