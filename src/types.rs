@@ -72,6 +72,11 @@ impl KvFormat {
 }
 
 /// How a [`crate::Model`] runs its plan.
+///
+/// A store *can be planned* when every weight it multiplies is resident in the arena, so that
+/// the whole step of a token can be recorded once at open and replayed (by the kernel or per
+/// operator): the q24, int4 and int8 stores. The arena-batch store ([`Backend::Arena`]) moves
+/// weight windows from user space between operators and cannot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Dispatch {

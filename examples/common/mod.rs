@@ -149,12 +149,12 @@ pub fn prompt(dir: &Path, vocab: usize, n: usize) -> Result<(&'static str, Vec<u
 }
 
 /// Warns on stderr when the kernels clamped `n` values to their fixed-point range: the output may
-/// then be far from the f32 reference (README, "Fixed-point headroom").
+/// then be far from the f32 reference (docs/safety.md, "Fixed-point headroom").
 pub fn warn_saturations(n: u64) {
     if n > 0 {
         eprintln!(
             "warning: {n} values saturated their fixed-point format (e.g. an activation beyond \
-             ±32768); the logits may be far from the f32 reference (README, \"Fixed-point headroom\")"
+             ±32768); the logits may be far from the f32 reference (docs/safety.md, \"Fixed-point headroom\")"
         );
     }
 }

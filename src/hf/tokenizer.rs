@@ -35,7 +35,8 @@ impl std::fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Loads a `tokenizer.json`. A file that cannot be read gives [`Error::Io`]; one that is not a
     /// valid tokenizer gives [`Error::Tokenizer`]; both name `path`.
-    pub fn from_file(path: &Path) -> Result<Tokenizer> {
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Tokenizer> {
+        let path = path.as_ref();
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
         let inner = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| Error::Tokenizer {
             path: path.to_path_buf(),
@@ -48,8 +49,8 @@ impl Tokenizer {
     }
 
     /// Loads `dir/tokenizer.json`.
-    pub fn from_model_dir(dir: &Path) -> Result<Tokenizer> {
-        Self::from_file(&dir.join("tokenizer.json"))
+    pub fn from_model_dir(dir: impl AsRef<Path>) -> Result<Tokenizer> {
+        Self::from_file(dir.as_ref().join("tokenizer.json"))
     }
 
     /// The `tokenizer.json` this tokenizer was loaded from.

@@ -100,7 +100,7 @@ impl Model {
     }
 
     /// Values the kernels clamped to their fixed-point range since open (an activation beyond
-    /// ±32768, a residual beyond ±2^30, …; see README, "Fixed-point headroom"). 0 means the
+    /// ±32768, a residual beyond ±2^30, …; see docs/safety.md, "Fixed-point headroom"). 0 means the
     /// logits are as exact as the formats promise; otherwise some values were saturated and the
     /// logits may be far from the f32 reference.
     pub fn saturations(&self) -> u64 {

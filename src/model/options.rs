@@ -18,7 +18,7 @@ use crate::types::{Backend, Dispatch, KvFormat};
 /// the crate. Fields added later come with a default, so code using either form keeps compiling.
 #[derive(Debug, Clone)]
 pub struct ModelOptions {
-    /// Which weight store to use.
+    /// Which weight store to use (default [`Backend::Q24`](crate::Backend::Q24)).
     pub backend: Backend,
     /// KV-cache capacity in tokens; feeding more is [`Error::ContextOverflow`](crate::Error::ContextOverflow). The cache is
     /// reserved for all of it, but kernel memory is committed only for positions reached.

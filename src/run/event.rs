@@ -39,12 +39,27 @@ pub struct EventConfig {
 }
 
 impl EventConfig {
-    /// Requests from 127.0.0.1 to `port` on the loopback interface, up to 256 new tokens each.
+    /// Requests from 127.0.0.1 to `port` on the loopback interface, up to 256 new tokens each,
+    /// with no stop tokens: each generation runs to its `max_new` or the end of the context
+    /// unless [`EventConfig::stop_tokens`] is set (e.g. to [`crate::Tokenizer::eos_ids`]).
     pub fn loopback(port: u16) -> Result<EventConfig> {
         Ok(EventConfig {
             port,
             ifindex: ifindex("lo")?,
             sources: vec![Ipv4Addr::LOCALHOST],
+            max_new: 256,
+            stop_tokens: Vec::new(),
+        })
+    }
+
+    /// Requests from `sources` to `port` on the network interface called `interface` (e.g.
+    /// `eth0`), up to 256 new tokens each, with no stop tokens. An interface that does not
+    /// exist is [`Error::Invalid`].
+    pub fn on_interface(interface: &str, port: u16, sources: Vec<Ipv4Addr>) -> Result<EventConfig> {
+        Ok(EventConfig {
+            port,
+            ifindex: ifindex(interface)?,
+            sources,
             max_new: 256,
             stop_tokens: Vec::new(),
         })
@@ -62,8 +77,9 @@ pub fn ifindex(name: &str) -> Result<u32> {
     }
 }
 
-/// The payload of a request datagram: `MAGIC`, `request`, `max_new`, the prompt's length and
-/// its token ids, as little-endian u32s.
+/// The payload of a request datagram (the layout is in docs/in-kernel.md): the magic
+/// `0x46504251` ("QBPF"), `request`, `max_new`, the prompt's length and its token ids, each a
+/// little-endian u32.
 pub fn request_datagram(request: u32, max_new: u32, prompt: &[u32]) -> Vec<u8> {
     [MAGIC, request, max_new, prompt.len() as u32]
         .iter()

@@ -104,6 +104,10 @@ impl<'m> KernelGeneration<'m> {
     /// The text as it is generated, from the bytes the kernel sends with each token, joined
     /// into whole UTF-8 characters (invalid sequences become U+FFFD). Needs
     /// [`Model::load_vocabulary`].
+    ///
+    /// The text comes from the vocabulary [`Model::load_vocabulary`] put in the arena; without
+    /// it the first item is an [`Error::Invalid`] saying so (the token ids are still available
+    /// by iterating the generation itself).
     pub fn text(self) -> KernelText<'m> {
         KernelText {
             tokens: self,
@@ -203,6 +207,13 @@ impl Iterator for KernelText<'_> {
     type Item = Result<String>;
 
     fn next(&mut self) -> Option<Result<String>> {
+        if !self.tokens.model.vocab_loaded && self.tokens.finish.is_none() {
+            self.tokens.finish = Some(FinishReason::Error);
+            return Some(Err(Error::Invalid(
+                "in-kernel text needs the vocabulary in the arena: call Model::load_vocabulary first"
+                    .into(),
+            )));
+        }
         loop {
             match self.tokens.next() {
                 Some(Ok(_)) => {

@@ -44,7 +44,7 @@ pub struct Plan {
 
 /// INT4: every decoder matrix 4-bit; the LM head stays 8-bit (a 4-bit head halved argmax
 /// agreement on the tiny synthetic model for 17 ms/token saved). On a trained checkpoint
-/// (README, "Accuracy": `train_tiny`, then `rounding --bits 4 --only NAME`) each kind of decoder
+/// (docs/accuracy.md: `train_tiny`, then `rounding --bits 4 --only NAME`) each kind of decoder
 /// matrix contributes a similar share of the KL divergence (q 0.8e-3, k 0.9e-3, v 1.0e-3,
 /// o 0.9e-3, gate 1.5e-3, up 0.8e-3, down 1.2e-3 of 6.8e-3 in all), so none is worth 8 bits
 /// alone; 8-bit q/k/v would remove ~40 % of it for ~20 % more decode time at the 0.6B shape.
