@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* Conventions shared by every qwen_bpf program: types, the arena, helpers.
  * Only <linux/bpf.h> from the distribution's uapi (Debian 12 ships 6.1 headers, older than
  * arenas), so the two arena constants are pinned here. */
@@ -33,6 +33,15 @@ typedef __u64 u64;
 
 #define QB_MAP_TYPE_ARENA 33 /* BPF_MAP_TYPE_ARENA, Linux >= 6.9 */
 #define __arena __attribute__((address_space(1)))
+
+/* The one declaration of a BPF arena map, `name`: mmapable, one page until user space sets its
+ * size before load (bpf_map__set_max_entries). */
+#define QB_ARENA(name)                                                                      \
+	struct {                                                                            \
+		__uint(type, QB_MAP_TYPE_ARENA);                                            \
+		__uint(map_flags, BPF_F_MMAPABLE);                                          \
+		__uint(max_entries, 1);                                                     \
+	} name SEC(".maps")
 
 /* Every program that touches arena memory must reference the arena map, so that the verifier
  * ties the program to it (a ld_imm64 of &arena). */
@@ -75,7 +84,7 @@ typedef __u64 u64;
 
 /* An operator: the global function op_<name>(type *a), verified once on its own, and the
  * SEC("syscall") program <name> that runs it on its ctx (one test_run per operator run). The
- * plan interpreter (plan.bpf.h) calls the same global functions, in order, in one invocation. */
+ * plan interpreter (plan.inc.c) calls the same global functions, in order, in one invocation. */
 #define OP(name, type)                                                                  \
 	__noinline int op_##name(type *a __arg_nonnull);                                \
 	SEC("syscall") int name(type *ctx)                                              \

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* Fixed-point formats and integer helpers shared by every operator. Mirrored, constant for
  * constant and function for function, in src/fixed.rs; the `formats` program reports these
  * constants so that a test can check that the two agree. A value in format Qn is round(v * 2^n). */

@@ -1,4 +1,4 @@
-// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* The BPF multiply peak: how many 64-bit multiplies per second the JIT-compiled code of this
  * machine can issue, the floor under every kernel here (each of which needs one multiply per
  * one, two or four products). Six independent chains, c_j <- c_j * x, so that the multiplies
@@ -7,7 +7,8 @@
  * checks it against its twin, (j + 1) * x^(2 n) mod 2^64. */
 #include "common.h"
 
-char LICENSE[] SEC("license") = "GPL";
+/* A GPL-compatible licence: the arena kfuncs and BPF helpers used here are GPL-only. */
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 /* Iterations per run: 12 multiplies each, 48 M per run (about 20 ms), far below can_loop's
  * budget of 8 M iterations. */

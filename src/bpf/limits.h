@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* Every size bound of the kernels, in one table. Mirrored constant for constant in src/limits.rs,
  * which checks a model's dimensions against them when it is opened (a typed error naming the
  * dimension); the `formats` program reports them so that a test can check the two agree. */

@@ -1,20 +1,26 @@
-// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* Every operator of the Qwen3 forward pass, as SEC("syscall") programs run with test_run.
  *
  * Bulk data (weights, activations, KV cache, tables, logits) lives in one BPF arena that user
  * space fills through its mmap; each program's ctx carries only arena addresses and sizes.
- * Formats are in fixed.h; src/fixed.rs holds a Rust twin of every operator computing the
+ * Formats are in fixed.h; src/num/fixed.rs holds a Rust twin of every operator computing the
  * same integers. Long loops use open-coded iterators (bpf_for), so the verifier checks the
- * body once instead of once per iteration. */
+ * body once instead of once per iteration.
+ *
+ * One object, one arena: the operators below, then six fragments (*.inc.c, not compiled on
+ * their own) joined at the end in this order, each using what the ones before it define:
+ *   swar.inc.c      the low-bit SWAR kernels (fixed.h's helpers, this file's arena)
+ *   argmax.inc.c    the screened LM-head argmax (calls the exact heads above and swar's)
+ *   kv8.inc.c       int8 KV-cache attention (the attention helpers above)
+ *   plan.inc.c      the plan interpreter (every operator's ctx and op_* function above)
+ *   generate.inc.c  generation in the kernel (plan.inc.c's run_plan steps)
+ *   event.inc.c     a datagram starts a generation (generate.inc.c's loop, on a bpf_wq) */
 #include "fixed.h"
 
-char LICENSE[] SEC("license") = "GPL";
+/* A GPL-compatible licence: the arena kfuncs and bpf_wq are GPL-only. */
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
-struct {
-	__uint(type, QB_MAP_TYPE_ARENA);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, 1); /* pages; set by user space before load */
-} arena SEC(".maps");
+QB_ARENA(arena);
 
 /* ------------------------------------------------------------------ formats */
 
@@ -266,7 +272,7 @@ static __always_inline int q24_cols_ok(u32 k)
 
 /* The Q24 dot products below, column j (a literal) of a step of 8: a0 += w0[j] * x[j] and
  * a1 += w1[j] * x[j] (Q24_MAC2: x loaded once for both rows), or a0 += w0[j] * x[j] (Q24_MAC1),
- * all s32 loaded with sign extension. Written as asm, as SW_QUAD_PACKED in swar.bpf.h, because
+ * all s32 loaded with sign extension. Written as asm, as SW_QUAD_PACKED in swar.inc.c, because
  * clang re-associates the unrolled sums into trees and spills them: 5.8 BPF instructions per
  * multiply in rows2_q24 as C, 3.5 plus the loop's as asm. */
 #define Q24_MAC2(a0, a1, w0, w1, x, j, xv, t)                                          \
@@ -689,21 +695,21 @@ OP(attention, struct attention_args)
 }
 
 /* ------------------------------------------------------------------ low-bit SWAR kernels */
-#include "swar.bpf.h"
+#include "swar.inc.c"
 
 /* ------------------------------------------------------------------ screened LM-head argmax */
-#include "argmax.bpf.h"
+#include "argmax.inc.c"
 
 /* ------------------------------------------------------------------ int8 KV-cache attention */
-#include "kv8.bpf.h"
+#include "kv8.inc.c"
 
-_Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.bpf.h's head_dim bound is limits.h's");
+_Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is limits.h's");
 
 /* ------------------------------------------------------------------ the plan interpreter */
-#include "plan.bpf.h"
+#include "plan.inc.c"
 
 /* ------------------------------------------------------------------ generation in the kernel */
-#include "generate.bpf.h"
+#include "generate.inc.c"
 
 /* ------------------------------------------------------------------ a kernel event starts it */
-#include "event.bpf.h"
+#include "event.inc.c"

@@ -1,15 +1,12 @@
-// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* Capability probe, run when a model is opened: proves that this process can load a
  * SEC("syscall") program, run it with test_run, call bpf_loop and use a BPF arena. */
 #include "common.h"
 
-char LICENSE[] SEC("license") = "GPL";
+/* A GPL-compatible licence: the arena kfuncs and BPF helpers used here are GPL-only. */
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
-struct {
-	__uint(type, QB_MAP_TYPE_ARENA);
-	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, 1); /* one page */
-} probe_arena SEC(".maps");
+QB_ARENA(probe_arena); /* one page */
 
 struct probe_args {
 	u64 buf;   /* in: arena address of 64 u32 written by user space */

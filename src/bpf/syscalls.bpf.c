@@ -1,10 +1,11 @@
-// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* Counts the bpf(2) calls of one process: a raw tracepoint on every system call entry that adds
  * one when the caller's thread group is `tgid` and the call is bpf. User space reads the count
  * through the mapped .bss, so reading it makes no system call. */
 #include "common.h"
 
-char LICENSE[] SEC("license") = "GPL";
+/* A GPL-compatible licence: the arena kfuncs and BPF helpers used here are GPL-only. */
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
 const volatile u32 tgid = 0;     /* the process to count, set before load */
 const volatile u64 nr_bpf = 321; /* __NR_bpf of this architecture (x86_64: 321, arm64: 280) */

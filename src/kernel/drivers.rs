@@ -134,7 +134,7 @@ impl Ops {
 
     /// Runs the `generate` program once per element of `args` (one per thread, concurrently):
     /// each feeds and generates until done or out of its time budget (see
-    /// `src/bpf/generate.bpf.h`); the records go to [`Ops::tokens`]. Returns like
+    /// `src/bpf/generate.inc.c`); the records go to [`Ops::tokens`]. Returns like
     /// [`Ops::run_plan`].
     pub(crate) fn run_generate(
         &mut self,
@@ -155,7 +155,7 @@ impl Ops {
         self.tokens.consume().map_err(PlanFailure::Error)
     }
 
-    /// Configures the event path (`src/bpf/event.bpf.h`) with `cfg` and each slot's generation
+    /// Configures the event path (`src/bpf/event.inc.c`) with `cfg` and each slot's generation
     /// `templates`, initialises the slots' workqueue items when `init`, and attaches the XDP
     /// program to `cfg.ifindex`: requests are served until the returned link is dropped.
     pub(crate) fn start_events(

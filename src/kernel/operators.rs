@@ -8,7 +8,7 @@ use super::ops::{check_ret, first_best, Ops, Rows};
 use super::plan::{Patch, Var, HeadFields};
 use crate::{Error, Result};
 
-/// The arena regions one int8-KV attention run reads and writes (see `src/bpf/kv8.bpf.h`).
+/// The arena regions one int8-KV attention run reads and writes (see `src/bpf/kv8.inc.c`).
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionI8Buffers {
     /// Queries `[n_q][hd]` (Q22).

@@ -74,7 +74,7 @@ impl Ops {
         Self::load_with(arena_bytes, false)
     }
 
-    /// [`Ops::load`], with the event path's programs (`src/bpf/event.bpf.h`) when `events`.
+    /// [`Ops::load`], with the event path's programs (`src/bpf/event.inc.c`) when `events`.
     pub fn load_with(arena_bytes: usize, events: bool) -> Result<Ops> {
         let pages = arena_bytes.div_ceil(PAGE).max(1);
         if pages * PAGE > MAX_ARENA_BYTES {

@@ -7,7 +7,7 @@
 //! forward pass is written once, in `Model::emit`. The plan is then:
 //!
 //! - run by the kernel in one invocation per thread and token: `run_plan` in
-//!   `src/bpf/plan.bpf.h` walks the [`Slot`]s uploaded to the arena, calling the operators'
+//!   `src/bpf/plan.inc.c` walks the [`Slot`]s uploaded to the arena, calling the operators'
 //!   global functions in order, with a barrier between dependent entries when several threads
 //!   split the rows ([`Dispatch::Kernel`]);
 //! - replayed from user space one `test_run` per entry and part ([`Dispatch::PerOp`]);
@@ -20,7 +20,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::{Error, Result};
 
-/// Operator programs by id (`enum plan_op_id` in `src/bpf/plan.bpf.h`; 0 is "no operator").
+/// Operator programs by id (`enum plan_op_id` in `src/bpf/plan.inc.c`; 0 is "no operator").
 pub const OPS: [&str; 16] = [
     "nop",
     "embed",

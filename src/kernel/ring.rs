@@ -1,4 +1,4 @@
-//! The `tokens` ring buffer of `src/bpf/generate.bpf.h`: the records of in-kernel generation,
+//! The `tokens` ring buffer of `src/bpf/generate.inc.c`: the records of in-kernel generation,
 //! read from its mmap (libbpf's ring_buffer API; consuming makes no system call, waiting for
 //! records is an epoll wait).
 

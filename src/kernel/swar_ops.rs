@@ -1,4 +1,4 @@
-//! The low-bit SWAR programs of `src/bpf/swar.bpf.h` (part of the operator object): uploading
+//! The low-bit SWAR programs of `src/bpf/swar.inc.c` (part of the operator object): uploading
 //! packed matrices into the arena, quantising activations, W4A8 / W8A16 matvec and LM head.
 //! Formats and layouts are documented in [`crate::num::swar`], whose functions are the bit-exact
 //! twins of these programs.

@@ -1,4 +1,4 @@
-//! The int8 KV-cache format and the Rust twin of its attention (`src/bpf/kv8.bpf.h`).
+//! The int8 KV-cache format and the Rust twin of its attention (`src/bpf/kv8.inc.c`).
 //!
 //! Per layer, position and kv head, K and V each keep `head_dim` signed 8-bit codes and one u32
 //! step (Q23): `step = ceil(amax * 128 / 127)` for the row's largest |x| (Q16), and
@@ -12,7 +12,7 @@
 //!
 //! Attention packs the query heads of a GQA group two at a time into the two signed 32-bit lanes
 //! of a u64, so one 64-bit multiply by a key or value code serves both heads (see the header
-//! comment of `kv8.bpf.h` for the bounds that keep the lanes from carrying). Every function here
+//! comment of `kv8.inc.c` for the bounds that keep the lanes from carrying). Every function here
 //! computes the same integers as the kernel, step for step.
 
 use crate::num::fixed::{exp_neg, rshr, sat32, AttnShape, ACT_MAX, Q_ONE, Q_SCALE};
@@ -165,7 +165,7 @@ impl Cache {
 }
 
 /// Causal GQA attention at `pos` over the int8 cache: quantises and appends k (smoothed by
-/// `ksh`, `[hd]`) and v (`[n_kv*hd]`), then writes `out[h]` for every query head. Mirrors `attention_i8` in `kv8.bpf.h` (whatever
+/// `ksh`, `[hd]`) and v (`[n_kv*hd]`), then writes `out[h]` for every query head. Mirrors `attention_i8` in `kv8.inc.c` (whatever
 /// split of kv heads across runs the kernel uses: heads are independent).
 #[allow(clippy::too_many_arguments)]
 pub fn attention(

@@ -1,4 +1,4 @@
-//! Low-bit weights for the SWAR kernels of `src/bpf/swar.bpf.h`: quantisation, packing into the
+//! Low-bit weights for the SWAR kernels of `src/bpf/swar.inc.c`: quantisation, packing into the
 //! kernels' layouts, and Rust twins computing the kernels' integers bit for bit.
 //!
 //! BPF has no vector instructions; these kernels get several multiply-adds out of each 64-bit

@@ -2,7 +2,7 @@
 //! port, seen by an XDP program, hands its prompt to a BPF workqueue item whose callback runs the
 //! generation in the kernel; user space only reads the results from the ring buffer.
 //!
-//! See `src/bpf/event.bpf.h` for the kernel side. Each request gets one of the model's
+//! See `src/bpf/event.inc.c` for the kernel side. Each request gets one of the model's
 //! [`crate::ModelOptions::event_slots`] contexts (its own KV cache, scratch and plan), so that
 //! requests are served at once and their results kept apart; a request finding every slot busy,
 //! or failing a check, is refused with a record and counted, never dropped silently.

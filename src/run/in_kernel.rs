@@ -2,7 +2,7 @@
 //! generated token run in BPF, the argmax of each step fed back in the kernel; user space only
 //! starts invocations and reads the tokens from a ring buffer.
 //!
-//! One invocation of the `generate` program (`src/bpf/generate.bpf.h`; one per thread, meeting at
+//! One invocation of the `generate` program (`src/bpf/generate.inc.c`; one per thread, meeting at
 //! the plan's barriers) runs for at most [`BUDGET`]: a kernel built without preemption lets one
 //! BPF program hold its CPU, and its soft-lockup watchdog fires after ~20 s. The invocation then
 //! returns where it stopped and the iterator starts the next one, so a generation of N tokens

@@ -1,5 +1,5 @@
 //! The low-bit stores: linear weights quantised group-wise (32 columns, a Q24 scale per row and
-//! group) to 4 or 8 bits and multiplied by the SWAR kernels of `src/bpf/swar.bpf.h`, with the
+//! group) to 4 or 8 bits and multiplied by the SWAR kernels of `src/bpf/swar.inc.c`, with the
 //! activations quantised per 32-column block in BPF before each matrix. A [`Plan`] says which
 //! format each kind of matrix gets. RMSNorm weights stay Q20 and resident; the embedding table
 //! stays Q24 in the memory-mapped cache file and one row is staged per token.

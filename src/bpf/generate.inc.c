@@ -1,6 +1,6 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* Generation inside the kernel: one invocation feeds a prompt and then generates tokens, each
- * step the plan of plan.bpf.h, greedy (the LM head's argmax), honouring stop tokens, and writes
+ * step the plan of plan.inc.c, greedy (the LM head's argmax), honouring stop tokens, and writes
  * every new token (id, position and its text bytes) to the `tokens` ring buffer as it is made.
  *
  * An invocation stops at a stop token, after max_new tokens, at a full context, or once it has
@@ -23,7 +23,7 @@ struct gen_token {
 	u32 id, pos;   /* the token and the position it will be fed at */
 	u32 request;   /* which request made it (the ctx's request field) */
 	u32 len;       /* text bytes (0 when no vocabulary is loaded) */
-	u32 kind;      /* 0: a token; event.bpf.h's REC_DONE, REC_REFUSED: a request's outcome */
+	u32 kind;      /* 0: a token; event.inc.c's REC_DONE, REC_REFUSED: a request's outcome */
 	u32 pad;
 	u8 text[GEN_TEXT_MAX];
 };

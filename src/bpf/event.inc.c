@@ -1,8 +1,8 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* A kernel event starts a generation: an XDP program on the served interface takes UDP
  * datagrams to the served port, validates them, claims a free request slot and starts the slot's
  * BPF workqueue item; the workqueue callback (process context, where BPF may run long) runs the
- * generation of generate.bpf.h for up to its time budget on the slot's own context (KV cache,
+ * generation of generate.inc.c for up to its time budget on the slot's own context (KV cache,
  * scratch, plan), then queues itself again until the generation ends, and frees the slot. Tokens
  * and the outcome go to the `tokens` ring buffer. No system call drives any of it.
  *

@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* Low-bit SWAR (SIMD within a register) matrix-vector kernels: W4A8 and W8A16.
  * Included at the end of ops.bpf.c: shares its `arena` map and fixed.h's helpers.
  * src/swar.rs holds the formats, the packing and a Rust twin of every program here.

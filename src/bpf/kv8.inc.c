@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* Attention over an int8 KV cache. Included at the end of ops.bpf.c: shares its `arena` map and
  * fixed.h's helpers. src/kv8.rs holds the format and a Rust twin computing the same integers.
  *

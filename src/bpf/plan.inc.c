@@ -1,4 +1,4 @@
-/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* The plan interpreter: the whole decoder step of one token in one BPF invocation.
  *
  * At open, user space records the forward pass once as a plan in the arena (src/plan.rs): for
