@@ -51,3 +51,31 @@ pub trait Forward {
     /// is [`Error::InvalidParameter`](crate::Error::InvalidParameter).
     fn rewind(&mut self, position: usize) -> Result<()>;
 }
+
+/// Implements [`Forward`] for `$t` by its inherent methods of the same names (the same for
+/// `Model` and `Reference`, so that both are used the same way).
+macro_rules! impl_forward {
+    ($t:ty) => {
+        impl $crate::Forward for $t {
+            fn config(&self) -> &$crate::Config {
+                <$t>::config(self)
+            }
+            fn position(&self) -> usize {
+                <$t>::position(self)
+            }
+            fn max_context(&self) -> usize {
+                <$t>::max_context(self)
+            }
+            fn forward(&mut self, token: u32) -> $crate::Result<&[f32]> {
+                <$t>::forward(self, token)
+            }
+            fn reset(&mut self) {
+                <$t>::reset(self)
+            }
+            fn rewind(&mut self, position: usize) -> $crate::Result<()> {
+                <$t>::rewind(self, position)
+            }
+        }
+    };
+}
+pub(crate) use impl_forward;

@@ -125,3 +125,16 @@ pub(crate) fn check_feed(tokens: &[u32], pos: usize, max_context: usize, vocab: 
     }
     Ok(())
 }
+
+/// The check of a rewind: a context keeps a prefix of what was fed, so `position` may not pass
+/// the current `pos` ([`Error::InvalidParameter`]).
+pub(crate) fn check_rewind(position: usize, pos: usize) -> Result<()> {
+    if position > pos {
+        return Err(Error::InvalidParameter {
+            name: "position",
+            value: position as f64,
+            expected: "at most the current position (rewind keeps a prefix of what was fed)",
+        });
+    }
+    Ok(())
+}

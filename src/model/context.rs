@@ -4,6 +4,7 @@ use std::path::Path;
 
 use super::kv::{self, ContextHeader};
 use super::Model;
+use crate::types::check_rewind;
 use crate::{Error, Result};
 
 impl Model {
@@ -67,13 +68,7 @@ impl Model {
     /// from there (e.g. after a shared prompt). A position beyond the current one is
     /// [`Error::InvalidParameter`] and changes nothing.
     pub fn rewind(&mut self, position: usize) -> Result<()> {
-        if position > self.pos {
-            return Err(Error::InvalidParameter {
-                name: "position",
-                value: position as f64,
-                expected: "at most the current position (rewind keeps a prefix of what was fed)",
-            });
-        }
+        check_rewind(position, self.pos)?;
         self.pos = position;
         Ok(())
     }

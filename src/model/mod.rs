@@ -20,7 +20,7 @@ use crate::kernel::ops::Ops;
 use crate::kernel::plan::Plan;
 use crate::store::WeightStore;
 use crate::types::{Dispatch, KvFormat};
-use crate::{Config, Forward, Result};
+use crate::Config;
 
 pub(crate) use buffers::Buffers;
 #[cfg(feature = "internals")]
@@ -126,28 +126,4 @@ impl Model {
     }
 }
 
-impl Forward for Model {
-    fn config(&self) -> &Config {
-        Model::config(self)
-    }
-
-    fn position(&self) -> usize {
-        Model::position(self)
-    }
-
-    fn max_context(&self) -> usize {
-        Model::max_context(self)
-    }
-
-    fn forward(&mut self, token: u32) -> Result<&[f32]> {
-        Model::forward(self, token)
-    }
-
-    fn reset(&mut self) {
-        Model::reset(self)
-    }
-
-    fn rewind(&mut self, position: usize) -> Result<()> {
-        Model::rewind(self, position)
-    }
-}
+crate::forward::impl_forward!(Model);

@@ -26,12 +26,7 @@ struct LayerOffsets {
     down: usize,
 }
 
-impl super::Layer for LayerOffsets {
-    type Matrix = usize;
-    fn linears(&self) -> [usize; 3] {
-        [self.qkv, self.o, self.down]
-    }
-}
+super::layer_linears!(LayerOffsets: usize);
 
 /// Q24 weights streamed through a small arena window.
 #[derive(Debug)]

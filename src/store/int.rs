@@ -75,12 +75,7 @@ struct LayerMats {
     down: PackedRegions,
 }
 
-impl super::Layer for LayerMats {
-    type Matrix = PackedRegions;
-    fn linears(&self) -> [PackedRegions; 3] {
-        [self.qkv, self.o, self.down]
-    }
-}
+super::layer_linears!(LayerMats: PackedRegions);
 
 /// Quantised weights resident in the arena.
 #[derive(Debug)]

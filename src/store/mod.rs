@@ -38,6 +38,19 @@ pub(crate) trait Layer {
     fn linears(&self) -> [Self::Matrix; 3];
 }
 
+/// Implements [`Layer`] for a struct with `qkv`, `o` and `down` fields of type `$m`.
+macro_rules! layer_linears {
+    ($layer:ty: $m:ty) => {
+        impl super::Layer for $layer {
+            type Matrix = $m;
+            fn linears(&self) -> [$m; 3] {
+                [self.qkv, self.o, self.down]
+            }
+        }
+    };
+}
+pub(crate) use layer_linears;
+
 /// `layers`' matrix that `m` names: the one place that maps a [`Linear`] to a layer's field.
 pub(crate) fn linear<L: Layer>(layers: &[L], m: Linear) -> L::Matrix {
     let (l, i) = match m {

@@ -113,12 +113,7 @@ struct LayerRegions {
     down: Region,
 }
 
-impl super::Layer for LayerRegions {
-    type Matrix = Region;
-    fn linears(&self) -> [Region; 3] {
-        [self.qkv, self.o, self.down]
-    }
-}
+super::layer_linears!(LayerRegions: Region);
 
 /// Q24 weights resident in the arena.
 #[derive(Debug)]

@@ -14,7 +14,7 @@
 
 use std::sync::{Mutex, PoisonError};
 
-use crate::{Checkpoint, Config, Error, Forward, Result};
+use crate::{Checkpoint, Config, Error, Result};
 
 /// Matrix-vector products with at least this many multiply-adds are split across threads.
 const PARALLEL_MIN_MACS: usize = 1 << 18;
@@ -272,13 +272,7 @@ impl Reference {
     /// Keeps only the first `position` tokens of the context. A position beyond the current one
     /// is [`Error::InvalidParameter`] (and changes nothing).
     pub fn rewind(&mut self, position: usize) -> Result<()> {
-        if position > self.pos {
-            return Err(Error::InvalidParameter {
-                name: "position",
-                value: position as f64,
-                expected: "at most the current position (rewind keeps a prefix of what was fed)",
-            });
-        }
+        crate::types::check_rewind(position, self.pos)?;
         let kept = position * self.cfg.kv_dim();
         for layer in &mut self.layers {
             layer.key_cache.truncate(kept);
@@ -429,31 +423,7 @@ impl Reference {
     }
 }
 
-impl Forward for Reference {
-    fn config(&self) -> &Config {
-        Reference::config(self)
-    }
-
-    fn position(&self) -> usize {
-        Reference::position(self)
-    }
-
-    fn max_context(&self) -> usize {
-        Reference::max_context(self)
-    }
-
-    fn forward(&mut self, token: u32) -> Result<&[f32]> {
-        Reference::forward(self, token)
-    }
-
-    fn reset(&mut self) {
-        Reference::reset(self)
-    }
-
-    fn rewind(&mut self, position: usize) -> Result<()> {
-        Reference::rewind(self, position)
-    }
-}
+crate::forward::impl_forward!(Reference);
 
 /// HF `Qwen3RMSNorm`: `out = weight * (x * rsqrt(mean(x²) + eps))`, variance in f32.
 fn rms_norm(out: &mut [f32], x: &[f32], weight: &[f32], eps: f32) {
