@@ -82,7 +82,6 @@ impl Ops {
 
     /// Runs plan entry `e` for `token` at `pos`: each part with its per-token fields, one
     /// `test_run` each (concurrently when split). Returns the parts' ctx after the run.
-    #[doc(hidden)]
     pub fn run_entry(&mut self, e: &Entry, token: u32, pos: u32) -> Result<Vec<Args>> {
         let mut parts = e.patched(token, pos)?;
         self.run_parts(e.name(), &mut parts)?;

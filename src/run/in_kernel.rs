@@ -74,7 +74,7 @@ impl<'m> KernelGeneration<'m> {
     }
 
     /// For tests: a time budget per invocation other than [`BUDGET`].
-    #[doc(hidden)]
+    #[cfg(feature = "internals")]
     pub fn with_budget(mut self, budget: Duration) -> Self {
         self.budget_ns = budget.as_nanos() as u64;
         self
