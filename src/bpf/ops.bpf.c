@@ -713,3 +713,67 @@ _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is li
 
 /* ------------------------------------------------------------------ a kernel event starts it */
 #include "event.inc.c"
+
+/* ------------------------------------------------------------------ constants shared with Rust */
+
+/* Every constant that C and Rust both use beyond fixed.h and limits.h (which `formats`
+ * reports): the plan's format, the event path's datagram and records, generation's statuses,
+ * the SWAR and int8-KV kernels' bounds. tests/constants.rs compares each with its Rust mirror. */
+struct constants_args {
+	u32 plan_args_words, plan_patches, plan_threads_max, plan_sync, plan_head;
+	u32 plan_var_token, plan_var_pos, op_count;
+	s32 plan_e_barrier, plan_e_args;
+	u32 ev_slots_max, ev_prompt_max, ev_magic, ev_sources_max;
+	u32 rec_token, rec_done, rec_refused;
+	u32 ev_r_busy, ev_r_malformed, ev_r_token, ev_r_limit;
+	u32 gen_stops_max, gen_text_max, gen_more, gen_stop, gen_max, gen_full;
+	u32 sw_group, sw_scale_shift, sw_kmax;
+	u32 kv8_qmax, kv8_hd_max;
+	u32 slot_bytes;
+	char op_names[256]; /* PLAN_OP_NAMES, NUL-terminated */
+};
+
+static const char plan_op_names[] = PLAN_OP_NAMES;
+_Static_assert(sizeof(plan_op_names) <= sizeof(((struct constants_args *)0)->op_names),
+	       "the op names fit the report");
+
+SEC("syscall")
+int constants(struct constants_args *a)
+{
+	a->plan_args_words = PLAN_ARGS_WORDS;
+	a->plan_patches = PLAN_PATCHES;
+	a->plan_threads_max = PLAN_THREADS_MAX;
+	a->plan_sync = PLAN_SYNC;
+	a->plan_head = PLAN_HEAD;
+	a->plan_var_token = PLAN_VAR_TOKEN;
+	a->plan_var_pos = PLAN_VAR_POS;
+	a->op_count = OP_COUNT;
+	a->plan_e_barrier = PLAN_E_BARRIER;
+	a->plan_e_args = PLAN_E_ARGS;
+	a->ev_slots_max = EV_SLOTS_MAX;
+	a->ev_prompt_max = EV_PROMPT_MAX;
+	a->ev_magic = EV_MAGIC;
+	a->ev_sources_max = EV_SOURCES_MAX;
+	a->rec_token = REC_TOKEN;
+	a->rec_done = REC_DONE;
+	a->rec_refused = REC_REFUSED;
+	a->ev_r_busy = EV_R_BUSY;
+	a->ev_r_malformed = EV_R_MALFORMED;
+	a->ev_r_token = EV_R_TOKEN;
+	a->ev_r_limit = EV_R_LIMIT;
+	a->gen_stops_max = GEN_STOPS_MAX;
+	a->gen_text_max = GEN_TEXT_MAX;
+	a->gen_more = GEN_MORE;
+	a->gen_stop = GEN_STOP;
+	a->gen_max = GEN_MAX;
+	a->gen_full = GEN_FULL;
+	a->sw_group = SW_GROUP;
+	a->sw_scale_shift = SW_SCALE_SHIFT;
+	a->sw_kmax = SW_KMAX;
+	a->kv8_qmax = KV8_QMAX;
+	a->kv8_hd_max = KV8_HD_MAX;
+	a->slot_bytes = sizeof(struct plan_slot);
+	for (u32 i = 0; i < sizeof(plan_op_names); i++)
+		a->op_names[i] = plan_op_names[i];
+	return 0;
+}

@@ -33,26 +33,37 @@
 #define PLAN_E_BARRIER (-1)           /* run_plan: a barrier timed out */
 #define PLAN_E_ARGS (-2)              /* run_plan: bad thread, thread count or plan length */
 
-/* Operator ids: the index of each program in src/plan.rs's OPS. */
+/* The operators a plan can run, in id order after OP_NOP (0): (ID, program and op_ function
+ * name, member of union plan_args). One list makes the ids, the dispatch switch of plan_op and
+ * the names the `constants` program reports, which a test compares with src/kernel/plan.rs's
+ * OPS (ids and order). */
+#define PLAN_OPS(X)                                                                         \
+	X(EMBED, embed, embed)                                                              \
+	X(RMSNORM, rmsnorm, rmsnorm)                                                        \
+	X(QK_NORM_ROPE, qk_norm_rope, qk_norm_rope)                                         \
+	X(MATVEC, matvec, matvec)                                                           \
+	X(GATE_UP_SWIGLU, gate_up_swiglu, gate_up)                                          \
+	X(SWIGLU_VEC, swiglu_vec, swiglu)                                                   \
+	X(LM_HEAD_ARGMAX, lm_head_argmax, lm_head)                                          \
+	X(ATTENTION, attention, attention)                                                  \
+	X(QUANTIZE_X8, quantize_x8, quantize_x)                                             \
+	X(QUANTIZE_X16, quantize_x16, quantize_x)                                           \
+	X(W4A8_MATVEC, w4a8_matvec, swar_mv)                                                \
+	X(W8A16_MATVEC, w8a16_matvec, swar_mv)                                              \
+	X(W4A8_LM_HEAD_ARGMAX, w4a8_lm_head_argmax, swar_mv)                                \
+	X(W8A16_LM_HEAD_ARGMAX, w8a16_lm_head_argmax, swar_mv)                              \
+	X(ATTENTION_I8, attention_i8, attention_i8)
+
+#define PLAN_OP_ID(id, name, member) OP_##id,
 enum plan_op_id {
 	OP_NOP,
-	OP_EMBED,
-	OP_RMSNORM,
-	OP_QK_NORM_ROPE,
-	OP_MATVEC,
-	OP_GATE_UP_SWIGLU,
-	OP_SWIGLU_VEC,
-	OP_LM_HEAD_ARGMAX,
-	OP_ATTENTION,
-	OP_QUANTIZE_X8,
-	OP_QUANTIZE_X16,
-	OP_W4A8_MATVEC,
-	OP_W8A16_MATVEC,
-	OP_W4A8_LM_HEAD_ARGMAX,
-	OP_W8A16_LM_HEAD_ARGMAX,
-	OP_ATTENTION_I8,
+	PLAN_OPS(PLAN_OP_ID)
 	OP_COUNT,
 };
+
+/* "nop,embed,rmsnorm,...": every id's program name, comma-separated, in id order. */
+#define PLAN_OP_NAME(id, name, member) "," #name
+#define PLAN_OP_NAMES ("nop" PLAN_OPS(PLAN_OP_NAME))
 
 struct plan_patch {
 	u16 off;  /* byte offset of the field in the ctx; size 0: no patch */
@@ -108,22 +119,10 @@ struct run_plan_args {
 
 static __always_inline int plan_op(u32 op, union plan_args *b)
 {
+#define PLAN_OP_CASE(id, name, member) \
+	case OP_##id: return op_##name(&b->member);
 	switch (op) {
-	case OP_EMBED: return op_embed(&b->embed);
-	case OP_RMSNORM: return op_rmsnorm(&b->rmsnorm);
-	case OP_QK_NORM_ROPE: return op_qk_norm_rope(&b->qk_norm_rope);
-	case OP_MATVEC: return op_matvec(&b->matvec);
-	case OP_GATE_UP_SWIGLU: return op_gate_up_swiglu(&b->gate_up);
-	case OP_SWIGLU_VEC: return op_swiglu_vec(&b->swiglu);
-	case OP_LM_HEAD_ARGMAX: return op_lm_head_argmax(&b->lm_head);
-	case OP_ATTENTION: return op_attention(&b->attention);
-	case OP_QUANTIZE_X8: return op_quantize_x8(&b->quantize_x);
-	case OP_QUANTIZE_X16: return op_quantize_x16(&b->quantize_x);
-	case OP_W4A8_MATVEC: return op_w4a8_matvec(&b->swar_mv);
-	case OP_W8A16_MATVEC: return op_w8a16_matvec(&b->swar_mv);
-	case OP_W4A8_LM_HEAD_ARGMAX: return op_w4a8_lm_head_argmax(&b->swar_mv);
-	case OP_W8A16_LM_HEAD_ARGMAX: return op_w8a16_lm_head_argmax(&b->swar_mv);
-	case OP_ATTENTION_I8: return op_attention_i8(&b->attention_i8);
+	PLAN_OPS(PLAN_OP_CASE)
 	default: return 1;
 	}
 }

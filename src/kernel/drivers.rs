@@ -35,6 +35,8 @@ fn plan_outcome(rcs: Vec<Result<i32>>, what: &str) -> std::result::Result<(), Pl
                             "the operator of plan entry {} refused its arguments",
                             rc - 1
                         )
+                    } else if rc == plan::E_ARGS {
+                        "refused its thread, thread count or plan length".into()
                     } else {
                         format!("refused its arguments (ret {rc})")
                     },

@@ -22,6 +22,7 @@ use crate::{Error, Result};
 skel_module!(pub(crate) mod "ops.skel.rs");
 /// The event path's configuration (`struct ev_config`).
 pub(crate) use skel::types::ev_config as EventCfg;
+pub use skel::types::constants_args as Constants;
 pub use skel::types::formats_args as Formats;
 /// The ctx of the `generate` program (`struct gen_args`).
 pub(crate) use skel::types::gen_args as GenArgs;
@@ -230,6 +231,14 @@ impl Ops {
     pub fn formats(&mut self) -> Result<Formats> {
         let mut a = Formats::default();
         self.run("formats", &mut a)?;
+        Ok(a)
+    }
+
+    /// The other constants C and Rust share (the plan's format, the event path's, generation's,
+    /// the SWAR and int8-KV bounds), as compiled into the programs (the `constants` program).
+    pub fn constants(&mut self) -> Result<Constants> {
+        let mut a = Constants::default();
+        self.run("constants", &mut a)?;
         Ok(a)
     }
 

@@ -52,6 +52,10 @@ pub const SYNC: u32 = 1;
 pub const HEAD: u32 = 2;
 /// `run_plan` return value: a barrier timed out.
 pub const E_BARRIER: i32 = -1;
+/// `run_plan` return value: a bad thread, thread count or plan length (`PLAN_E_ARGS`).
+pub const E_ARGS: i32 = -2;
+/// Per-token fields a slot may patch (`PLAN_PATCHES`).
+pub const PATCHES: usize = 2;
 
 /// A ctx as the plan holds it.
 pub type Args = [u64; ARGS_WORDS];
@@ -137,7 +141,7 @@ pub struct Slot {
     /// [`SYNC`], [`HEAD`].
     pub flags: u32,
     /// The per-token fields.
-    pub patch: [Patch; 2],
+    pub patch: [Patch; PATCHES],
     /// The operator's ctx.
     pub args: Args,
 }

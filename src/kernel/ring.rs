@@ -29,6 +29,13 @@ pub struct GenToken {
     pub kind: Record,
 }
 
+/// `kind` of a token record (`REC_TOKEN`).
+pub const REC_TOKEN: u32 = 0;
+/// `kind` of a request's outcome (`REC_DONE`).
+pub const REC_DONE: u32 = 1;
+/// `kind` of a refusal (`REC_REFUSED`).
+pub const REC_REFUSED: u32 = 2;
+
 /// What a ring-buffer record reports (`kind` of `struct gen_token`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Record {
@@ -54,8 +61,8 @@ impl GenToken {
             request: word(2)?,
             bytes: data.get(24..24 + len)?.to_vec(),
             kind: match word(4)? {
-                0 => Record::Token,
-                1 => Record::Done,
+                REC_TOKEN => Record::Token,
+                REC_DONE => Record::Done,
                 _ => Record::Refused,
             },
         })

@@ -14,6 +14,15 @@ use crate::run::generate::FinishReason;
 use crate::kernel::ring::{GenToken, Record};
 use crate::{Error, Model, Result};
 
+/// Refusal reason: every slot was busy (`EV_R_BUSY`).
+pub const R_BUSY: u32 = 1;
+/// Refusal reason: a malformed datagram (`EV_R_MALFORMED`).
+pub const R_MALFORMED: u32 = 2;
+/// Refusal reason: a token id at or past the vocabulary (`EV_R_TOKEN`).
+pub const R_TOKEN: u32 = 3;
+/// Refusal reason: too many prompt tokens or new tokens (`EV_R_LIMIT`).
+pub const R_LIMIT: u32 = 4;
+
 /// Request slots a model can have (`EV_SLOTS_MAX`): one per `run_plan` lane.
 pub const SLOTS_MAX: usize = crate::kernel::plan::THREADS_MAX;
 /// Prompt tokens one datagram may carry (`EV_PROMPT_MAX`).
@@ -158,9 +167,9 @@ impl Event {
             Record::Refused => Event::Refused {
                 request: r.request,
                 reason: match r.id {
-                    1 => Refusal::Busy,
-                    3 => Refusal::TokenOutOfRange,
-                    4 => Refusal::Limit,
+                    R_BUSY => Refusal::Busy,
+                    R_TOKEN => Refusal::TokenOutOfRange,
+                    R_LIMIT => Refusal::Limit,
                     _ => Refusal::Malformed,
                 },
             },

@@ -28,11 +28,14 @@ pub const STOPS_MAX: usize = 8;
 /// generation fails.
 const RETRIES: u32 = 50;
 
-// `status` of `struct gen_args`
-const GEN_MORE: i32 = 1;
-const GEN_STOP: i32 = 2;
-const GEN_MAX: i32 = 3;
-const GEN_FULL: i32 = 4;
+/// `status` of `struct gen_args`: the time budget ran out; call again (`GEN_MORE`).
+pub const GEN_MORE: i32 = 1;
+/// A stop token was generated (`GEN_STOP`).
+pub const GEN_STOP: i32 = 2;
+/// `max_new` tokens were generated (`GEN_MAX`).
+pub const GEN_MAX: i32 = 3;
+/// The context is full (`GEN_FULL`).
+pub const GEN_FULL: i32 = 4;
 
 /// The tokens [`Model::generate_in_kernel`] generates: an iterator of `Result<u32>`, in the
 /// order the kernel made them. Stop tokens are not yielded ([`KernelGeneration::finish_reason`]).
