@@ -44,8 +44,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::{Batch, Ops};
-use qwen_bpf::verify::reference::{self, Reference};
 use qwen_bpf::num::{fixed, swar};
+use qwen_bpf::verify::reference::{self, Reference};
 use qwen_bpf::{Backend, Checkpoint, Dispatch, GenerateOptions, Model, ModelOptions};
 
 #[path = "../tests/common/rng.rs"]
@@ -231,7 +231,9 @@ fn kernels(c: &mut Criterion) {
     }
     let bytes: usize = SHAPES
         .iter()
-        .map(|&(r, k)| (r * k + k + r) * 4 * 3 + 16 * 4096 + 2 * qwen_bpf::num::swar::QuantX::bytes(k))
+        .map(|&(r, k)| {
+            (r * k + k + r) * 4 * 3 + 16 * 4096 + 2 * qwen_bpf::num::swar::QuantX::bytes(k)
+        })
         .sum();
     let mut ops = Ops::load(bytes).expect("loading the operator programs (needs root / CAP_BPF)");
     let mut g = c.benchmark_group("kernels");

@@ -6,8 +6,8 @@ mod common;
 use std::path::Path;
 
 use half::{bf16, f16};
-use qwen_bpf::hf::synth::{write_checkpoint, KeyStyle, Preset, SynthOptions};
 use qwen_bpf::hf::checkpoint::tensor_specs;
+use qwen_bpf::hf::synth::{write_checkpoint, KeyStyle, Preset, SynthOptions};
 use qwen_bpf::{Checkpoint, Config, Error};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};

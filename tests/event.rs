@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::net::UdpSocket;
 use std::time::{Duration, Instant};
 
-use qwen_bpf::run::event::{request_datagram, EventConfig};
 use qwen_bpf::kernel::syscalls::BpfSyscalls;
+use qwen_bpf::run::event::{request_datagram, EventConfig};
 use qwen_bpf::{Backend, Dispatch, Event, FinishReason, Model, ModelOptions, Refusal};
 
 const MAX_CONTEXT: usize = 48;

@@ -7,9 +7,9 @@
 mod common;
 
 use common::Rng;
-use qwen_bpf::num::fixed::{self, AttnShape};
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::{kv8_pairs, AttentionI8Buffers, Ops};
+use qwen_bpf::num::fixed::{self, AttnShape};
 use qwen_bpf::num::kv8;
 
 fn ops() -> Ops {

@@ -68,7 +68,8 @@ fn int8_kv_stays_close_to_q16_kv_and_the_reference() {
         );
         kl_kv = kl_kv.max(kl_divergence(&a, &b));
         kl_ref = kl_ref.max(kl_divergence(&c, &b));
-        same += (qwen_bpf::verify::reference::argmax(&a) == qwen_bpf::verify::reference::argmax(&b)) as usize;
+        same += (qwen_bpf::verify::reference::argmax(&a) == qwen_bpf::verify::reference::argmax(&b))
+            as usize;
     }
     // int8 K/V per (position, head) is a relative error of ~0.4 % of each row's largest value:
     // on this random-weight model it moves the next-token distribution by a KL of ~1e-4 at most

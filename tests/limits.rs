@@ -9,10 +9,10 @@ mod common;
 use std::path::Path;
 
 use common::Rng;
-use qwen_bpf::kernel::ops::Ops;
-use qwen_bpf::verify::reference::Reference;
 use qwen_bpf::hf::synth::{self, Preset, SynthOptions};
+use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::limits;
+use qwen_bpf::verify::reference::Reference;
 use qwen_bpf::{Backend, Checkpoint, Config, Error, KvFormat, Model, ModelOptions};
 
 /// The verifier's work per program, against its limit of 1,000,000 processed instructions: a

@@ -17,10 +17,10 @@ use std::process::{Command, Stdio};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use qwen_bpf::hf::synth::{Preset, SynthOptions};
 use qwen_bpf::kernel::{classify, ProbeResults, CAPABILITIES, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN};
 use qwen_bpf::model::check_memory;
 use qwen_bpf::store::{cache, q24};
-use qwen_bpf::hf::synth::{Preset, SynthOptions};
 use qwen_bpf::{Backend, Checkpoint, Config, Error, Model, ModelOptions};
 use serde_json::Value;
 

@@ -7,12 +7,12 @@
 mod common;
 
 use common::Rng;
-use qwen_bpf::num::fixed::{self, rshr, sat32};
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::kernel::swar_ops::ExactHead;
 use qwen_bpf::num::bound::{self as screen, Screen, ScreenWeights};
-use qwen_bpf::store::screen::ScreenedHead;
+use qwen_bpf::num::fixed::{self, rshr, sat32};
 use qwen_bpf::num::swar::{self, Format, Int8Matrix, PackedMatrix, W4A8, W8A16};
+use qwen_bpf::store::screen::ScreenedHead;
 use qwen_bpf::{Backend, Model, ModelOptions};
 
 const TOKENS: [u32; 16] = [

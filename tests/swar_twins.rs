@@ -11,10 +11,10 @@
 mod common;
 
 use common::Rng;
-use qwen_bpf::num::fixed::ACT_MAX;
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::kernel::swar_ops::{PackedRegions, QuantXRegion};
+use qwen_bpf::num::fixed::ACT_MAX;
 use qwen_bpf::num::swar::{
     self, Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, W4A8, W8A16,
 };
@@ -116,7 +116,9 @@ fn check_matvec<M: PackedMatrix>(
             .map(|&v| {
                 let v = v as i64;
                 if v.abs() >= 1 << 30 {
-                    v.signum() * (qwen_bpf::num::fixed::RES_MAX - (qwen_bpf::num::fixed::ACT_MAX - v.abs()))
+                    v.signum()
+                        * (qwen_bpf::num::fixed::RES_MAX
+                            - (qwen_bpf::num::fixed::ACT_MAX - v.abs()))
                 } else {
                     v << 16
                 }
