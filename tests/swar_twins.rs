@@ -4,7 +4,7 @@
 //! quantisers' error bounds. These load real BPF programs: they need root (or CAP_BPF +
 //! CAP_PERFMON).
 //!
-//! Speed: `cargo test --release --test swar_twins -- --ignored --nocapture gmacs`.
+//! Speed: `cargo bench --bench swar` (and the `kernels` group of `cargo bench --bench decode`).
 // Row ranges are passed as lists of consecutive ranges, often of one.
 #![allow(clippy::single_range_in_vec_init, clippy::needless_range_loop)]
 
@@ -732,91 +732,6 @@ fn swar_ops_refuse_mismatched_arguments() {
         "W8A16 rows in blocks of 4"
     );
     assert!(o.alloc_quant_x(48, W4A8).is_err(), "k not a multiple of 32");
-}
-
-/// GMAC/s of the plain Q24 `matvec` and the SWAR kernels, same process, same shapes. The
-/// kernels take turns, 7 rounds of 40 runs each; each reports its best round (the machine is
-/// shared, so the best round is the least disturbed one).
-#[test]
-#[ignore]
-fn gmacs() {
-    let mut o = ops(256 << 20);
-    let mut rng = Rng(18);
-    let (rounds, reps) = (7, 40);
-    for (rows, k) in [(3072, 1024), (1024, 3072)] {
-        let wq24 = rng.vec(rows * k, 1 << 22);
-        let wf = weights(&mut rng, rows * k, 0.02);
-        let x = q16(&activations(&mut rng, k));
-        let (rw, rx) = (put(&mut o, &wq24), put(&mut o, &x));
-        let ry = o.arena.alloc(rows * 4, "y").unwrap();
-        let m4 = o
-            .upload_int4(&swar::quantize_int4(&wf, rows, k).unwrap())
-            .unwrap();
-        let m8 = o
-            .upload_int8(&swar::quantize_int8(&wf, rows, k).unwrap())
-            .unwrap();
-        let (x8, x16) = (
-            o.alloc_quant_x(k, W4A8).unwrap(),
-            o.alloc_quant_x(k, W8A16).unwrap(),
-        );
-        o.quantize_x(rx, &x8).unwrap();
-        o.quantize_x(rx, &x16).unwrap();
-        type Run<'a> = Box<dyn Fn(&mut Ops) + 'a>;
-        let kernels: Vec<(&str, Run)> = vec![
-            (
-                "plain Q24 matvec",
-                Box::new(|o: &mut Ops| o.matvec(rw, rx, ry, k, 0..rows, false).unwrap()),
-            ),
-            (
-                "w4a8_matvec",
-                Box::new(|o: &mut Ops| o.w4a8_matvec(&m4, &x8, ry, 0..rows, false).unwrap()),
-            ),
-            (
-                "w8a16_matvec",
-                Box::new(|o: &mut Ops| o.w8a16_matvec(&m8, &x16, ry, 0..rows, false).unwrap()),
-            ),
-            (
-                "quantize_x8 + w4a8",
-                Box::new(|o: &mut Ops| {
-                    o.quantize_x(rx, &x8).unwrap();
-                    o.w4a8_matvec(&m4, &x8, ry, 0..rows, false).unwrap()
-                }),
-            ),
-            (
-                "quantize_x16 + w8a16",
-                Box::new(|o: &mut Ops| {
-                    o.quantize_x(rx, &x16).unwrap();
-                    o.w8a16_matvec(&m8, &x16, ry, 0..rows, false).unwrap()
-                }),
-            ),
-            (
-                "w4a8_lm_head_argmax",
-                Box::new(|o: &mut Ops| {
-                    o.w4a8_lm_head_argmax(&m4, &x8, None, 0..rows).unwrap();
-                }),
-            ),
-        ];
-        let mut best = vec![f64::MAX; kernels.len()];
-        for _ in 0..rounds {
-            for (i, (_, f)) in kernels.iter().enumerate() {
-                f(&mut o);
-                let t = std::time::Instant::now();
-                for _ in 0..reps {
-                    f(&mut o);
-                }
-                best[i] = best[i].min(t.elapsed().as_secs_f64() / reps as f64);
-            }
-        }
-        let gmacs: Vec<f64> = best.iter().map(|s| (rows * k) as f64 / s / 1e9).collect();
-        for (i, (name, _)) in kernels.iter().enumerate() {
-            println!(
-                "{name:>22} {rows:>5}x{k:<5} {:9.1} us  {:6.2} GMAC/s  {:5.2}x plain",
-                best[i] * 1e6,
-                gmacs[i],
-                gmacs[i] / gmacs[0]
-            );
-        }
-    }
 }
 
 #[test]
