@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests (this package's and, through `#[path]`, those of the
 //! `qwen_bpf_dev` member in `dev/`): synthetic checkpoints, opening them ([`open`]), the real
-//! Qwen3 tokenizer for the tests that need text, deterministic test data.
+//! Qwen3 tokenizer for the tests that need text, deterministic test data; and in [`safety`] the
+//! helpers of the safety tests.
 //!
 //! Checkpoints are written under `CARGO_TARGET_TMPDIR/models/<tag>` at most once per test process
 //! and tag. A `synth.stamp` file records what was generated (a hash of `src/hf/synth.rs`, the
@@ -20,6 +21,7 @@ use qwen_bpf::{Config, Model, ModelOptions};
 mod rng;
 #[allow(unused_imports)] // not every test uses it
 pub use rng::Rng;
+pub mod safety;
 
 /// The workspace root (the directory holding `Cargo.lock`), from this package's or a member's
 /// manifest directory.
