@@ -777,7 +777,7 @@ fn row_reads_past_the_end_are_empty_not_panics() {
 /// The full-size preset: 1.2 GB on disk, so only on demand:
 /// `cargo test --release --test checkpoint -- --ignored`.
 #[test]
-#[ignore]
+#[ignore = "writes and reads the full-size qwen3-0.6b preset (1.2 GB): on demand only"]
 fn qwen3_0_6b_preset_opens_and_reads() {
     let dir = common::scratch_dir();
     let t0 = std::time::Instant::now();
