@@ -9,6 +9,10 @@
 //!   reference (one thread) and of each BPF weight store, on the synthetic Qwen3-0.6B of
 //!   `qwen_bpf::hf::default_model` (generated once, ~1.2 GB, plus each store's cache on its first
 //!   load), or on the model directory in `$QWEN_BPF_BENCH_MODEL`. Throughput is tokens/s.
+//! * `reference_threads`: the f32 reference's time per token on one thread and on all the
+//!   machine's threads (`Reference::set_threads`), at positions 1 to 32 of its context (then a
+//!   reset, outside the timing), on the same model; its load time is printed:
+//!   `cargo bench --bench decode -- reference_threads`.
 //! * `dispatch`: per store (q24, int4, int8), one decode step per operator run from user space
 //!   (`per-op`) and as one `run_plan` invocation per thread (`kernel`), each with the store's
 //!   default head (q24: screened) and with the full exact head (`-exact`), and 8 tokens
@@ -39,13 +43,13 @@
 
 use std::hint::black_box;
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::{Batch, Ops};
-use qwen_bpf::verify::reference::{self, Reference};
 use qwen_bpf::num::{fixed, swar};
+use qwen_bpf::verify::reference::{self, Reference};
 use qwen_bpf::{Backend, Checkpoint, Dispatch, GenerateOptions, Model, ModelOptions};
 
 #[path = "../tests/common/rng.rs"]
@@ -118,6 +122,62 @@ fn decode(c: &mut Criterion) {
             .unwrap_or_else(|e| panic!("opening the {} store: {e}", backend.name()));
         let mut token = FIRST_TOKEN;
         g.bench_function(backend.name(), |b| next_token_steps(b, &mut m, &mut token));
+    }
+    g.finish();
+}
+
+/// Positions the `reference_threads` group times (1 to this) before it starts over.
+const REFERENCE_POSITIONS: usize = 32;
+
+/// Tokens fed by the `reference_threads` group, in turn (ordinary Qwen3 ids).
+const REFERENCE_TOKENS: [u32; 8] = [FIRST_TOKEN, 3974, 13876, 38835, 916, 279, 15678, 5562];
+
+fn reference_threads(c: &mut Criterion) {
+    if !selected("reference_threads") {
+        return;
+    }
+    let dir = model_dir();
+    let ck = Checkpoint::open(&dir).expect("opening the model");
+    let t0 = Instant::now();
+    let mut r = Reference::new(&ck, 256).expect("loading the f32 reference");
+    eprintln!(
+        "reference_threads: {}: loaded {} parameters as f32 in {:.1} s",
+        dir.display(),
+        ck.config.num_parameters(),
+        t0.elapsed().as_secs_f64()
+    );
+    drop(ck);
+    let max_threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
+    let mut g = c.benchmark_group("reference_threads");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(3))
+        .measurement_time(Duration::from_secs(20))
+        .throughput(Throughput::Elements(1));
+    let mut counts = vec![1];
+    if max_threads > 1 {
+        counts.push(max_threads); // (criterion's ids must differ)
+    }
+    for threads in counts {
+        r.set_threads(threads);
+        r.reset();
+        g.bench_function(BenchmarkId::new("reference", format!("t{threads}")), |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    if r.position() == 0 || r.position() > REFERENCE_POSITIONS {
+                        r.reset();
+                        r.forward(REFERENCE_TOKENS[0]).expect("reference forward");
+                    }
+                    let token = REFERENCE_TOKENS[r.position() % REFERENCE_TOKENS.len()];
+                    let t = Instant::now();
+                    black_box(r.forward(token).expect("reference forward"));
+                    spent += t.elapsed();
+                }
+                spent
+            })
+        });
     }
     g.finish();
 }
@@ -231,7 +291,9 @@ fn kernels(c: &mut Criterion) {
     }
     let bytes: usize = SHAPES
         .iter()
-        .map(|&(r, k)| (r * k + k + r) * 4 * 3 + 16 * 4096 + 2 * qwen_bpf::num::swar::QuantX::bytes(k))
+        .map(|&(r, k)| {
+            (r * k + k + r) * 4 * 3 + 16 * 4096 + 2 * qwen_bpf::num::swar::QuantX::bytes(k)
+        })
         .sum();
     let mut ops = Ops::load(bytes).expect("loading the operator programs (needs root / CAP_BPF)");
     let mut g = c.benchmark_group("kernels");
@@ -625,6 +687,7 @@ fn threads(c: &mut Criterion) {
 criterion_group!(
     benches,
     decode,
+    reference_threads,
     dispatch,
     screened_head,
     kernels,

@@ -6,8 +6,8 @@ mod common;
 use std::path::Path;
 
 use half::{bf16, f16};
-use qwen_bpf::hf::synth::{write_checkpoint, KeyStyle, Preset, SynthOptions};
 use qwen_bpf::hf::checkpoint::tensor_specs;
+use qwen_bpf::hf::synth::{write_checkpoint, KeyStyle, Preset, SynthOptions};
 use qwen_bpf::{Checkpoint, Config, Error};
 use safetensors::tensor::TensorView;
 use safetensors::{Dtype, SafeTensors};
@@ -132,7 +132,7 @@ fn poke_bf16(dir: &Path, name: &str, index: usize, bits: u16) {
 // ---------------------------------------------------------------- broken safetensors files
 
 #[test]
-fn truncated_model_safetensors() {
+fn a_truncated_safetensors_file_is_a_safetensors_error_naming_it() {
     let dir = fresh_small();
     let path = dir.path().join("model.safetensors");
     let full = std::fs::read(&path).unwrap();
@@ -157,7 +157,7 @@ fn truncated_model_safetensors() {
 }
 
 #[test]
-fn header_lying_about_offsets() {
+fn a_header_lying_about_offsets_shape_or_dtype_is_a_safetensors_error() {
     let dir = fresh_small();
     let path = dir.path().join("model.safetensors");
     let (header, data) = split_file(&path);
@@ -269,7 +269,7 @@ fn garbage_headers_are_errors_not_panics() {
 }
 
 #[test]
-fn wrong_dtype() {
+fn a_tensor_of_the_wrong_dtype_is_a_dtype_error_naming_it() {
     let dir = fresh_small();
     let victim = "model.layers.1.self_attn.q_norm.weight";
     edit_tensors(dir.path(), |ts| {
@@ -288,7 +288,7 @@ fn wrong_dtype() {
 }
 
 #[test]
-fn wrong_shape() {
+fn a_tensor_of_the_wrong_shape_is_a_shape_error_naming_it() {
     let dir = fresh_small();
     let cfg = small_config();
     let victim = "model.layers.1.mlp.down_proj.weight";
@@ -318,7 +318,7 @@ fn wrong_shape() {
 }
 
 #[test]
-fn missing_tensor() {
+fn a_tensor_missing_from_the_file_or_asked_for_is_a_missing_tensor_error() {
     let dir = fresh_small();
     let victim = "model.layers.0.post_attention_layernorm.weight";
     edit_tensors(dir.path(), |ts| ts.retain(|t| t.name != victim));
@@ -357,7 +357,7 @@ fn missing_tensor() {
 }
 
 #[test]
-fn missing_files() {
+fn a_missing_config_or_weights_file_is_an_io_error_naming_it() {
     let dir = fresh_small();
     std::fs::remove_file(dir.path().join("model.safetensors")).unwrap();
     let err = open_err(dir.path());
@@ -376,7 +376,7 @@ fn missing_files() {
 }
 
 #[test]
-fn non_finite_weights() {
+fn non_finite_weights_are_errors_when_read_not_at_open() {
     let dir = fresh_small();
     let cfg = small_config();
     let up = "model.layers.0.mlp.up_proj.weight";
@@ -415,7 +415,7 @@ fn non_finite_weights() {
 }
 
 #[test]
-fn bad_config_json() {
+fn a_bad_config_json_is_a_config_or_unsupported_error_naming_the_key() {
     let dir = fresh_small();
     let path = dir.path().join("config.json");
     let good = std::fs::read_to_string(&path).unwrap();
@@ -777,7 +777,7 @@ fn row_reads_past_the_end_are_empty_not_panics() {
 /// The full-size preset: 1.2 GB on disk, so only on demand:
 /// `cargo test --release --test checkpoint -- --ignored`.
 #[test]
-#[ignore]
+#[ignore = "writes and reads the full-size qwen3-0.6b preset (1.2 GB): on demand only"]
 fn qwen3_0_6b_preset_opens_and_reads() {
     let dir = common::scratch_dir();
     let t0 = std::time::Instant::now();

@@ -5,11 +5,12 @@ mod common;
 
 use std::collections::HashMap;
 use std::net::UdpSocket;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
-use qwen_bpf::run::event::{request_datagram, EventConfig};
 use qwen_bpf::kernel::syscalls::BpfSyscalls;
-use qwen_bpf::{Backend, Dispatch, Event, FinishReason, Model, ModelOptions, Refusal};
+use qwen_bpf::run::event::{request_datagram, EventConfig};
+use qwen_bpf::{Backend, Dispatch, Event, FinishReason, ModelOptions, Refusal};
 
 const MAX_CONTEXT: usize = 48;
 
@@ -21,35 +22,21 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn open(dir: &std::path::Path, backend: Backend, slots: usize) -> Model {
-    Model::open(
-        dir,
-        &ModelOptions {
-            backend,
-            max_context: MAX_CONTEXT,
-            event_slots: slots,
-            cache_dir: Some(dir.join(format!("cache-{}", backend.name()))),
-            ..Default::default()
-        },
-    )
-    .expect("open the tiny model with event slots")
+/// The options of every model here: `backend`, [`MAX_CONTEXT`] positions, weight caches in a
+/// directory of the backend's own.
+fn options(dir: &Path, backend: Backend) -> ModelOptions {
+    ModelOptions::default()
+        .with_backend(backend)
+        .with_max_context(MAX_CONTEXT)
+        .with_cache_dir(dir.join(format!("cache-{}", backend.name())))
 }
 
 /// Greedy tokens from user space, per operator, from a fresh context.
-fn reference(dir: &std::path::Path, backend: Backend, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut m = Model::open(
-        dir,
-        &ModelOptions {
-            backend,
-            max_context: MAX_CONTEXT,
-            dispatch: Dispatch::PerOp,
-            threads: 1,
-            cache_dir: Some(dir.join(format!("cache-{}", backend.name()))),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    common::greedy_tokens(&mut m, prompt, n)
+fn reference(dir: &Path, backend: Backend, prompt: &[u32], n: usize) -> Vec<u32> {
+    let opts = options(dir, backend)
+        .with_dispatch(Dispatch::PerOp)
+        .with_threads(1);
+    common::greedy_tokens(&mut common::open(dir, opts), prompt, n)
 }
 
 /// Sends `payload` from an unbound loopback socket to `port`.
@@ -101,7 +88,7 @@ fn a_datagram_starts_a_generation_in_the_kernel_with_no_bpf_syscall() {
     let dir = common::tiny_model("event");
     let prompt = [785, 3974, 13876, 38835, 916];
     let want = reference(&dir, Backend::Q24, &prompt, 12);
-    let mut m = open(&dir, Backend::Q24, 2);
+    let mut m = common::open(&dir, options(&dir, Backend::Q24).with_event_slots(2));
     let port = 47_001;
     let mut server = m
         .serve_events(&EventConfig::loopback(port).unwrap())
@@ -144,7 +131,7 @@ fn concurrent_requests_on_two_cpus_keep_their_results_apart() {
         .iter()
         .map(|p| reference(&dir, Backend::Int4, p, 16))
         .collect();
-    let mut m = open(&dir, Backend::Int4, 2);
+    let mut m = common::open(&dir, options(&dir, Backend::Int4).with_event_slots(2));
     let port = 47_002;
     let mut server = m
         .serve_events(&EventConfig::loopback(port).unwrap())
@@ -181,7 +168,7 @@ fn concurrent_requests_on_two_cpus_keep_their_results_apart() {
 fn a_flood_of_malformed_oversized_and_excess_requests_is_answered_or_counted() {
     let _serial = serial();
     let dir = common::tiny_model("event");
-    let mut m = open(&dir, Backend::Q24, 2);
+    let mut m = common::open(&dir, options(&dir, Backend::Q24).with_event_slots(2));
     let port = 47_003;
     let cfg = EventConfig {
         max_new: 8,

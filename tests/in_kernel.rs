@@ -3,35 +3,24 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use qwen_bpf::{
-    Backend, Dispatch, Error, FinishReason, GenerateOptions, KvFormat, Model, ModelOptions,
+    Backend, Dispatch, Error, FinishReason, GenerateOptions, KvFormat, ModelOptions,
     SamplingParams, Tokenizer,
 };
 
 const PROMPT: [u32; 5] = [785, 3974, 13876, 38835, 916];
 
-fn open(
-    dir: &std::path::Path,
-    backend: Backend,
-    kv: KvFormat,
-    threads: usize,
-    d: Dispatch,
-) -> Model {
-    Model::open(
-        dir,
-        &ModelOptions {
-            backend,
-            kv,
-            threads,
-            dispatch: d,
-            max_context: 64,
-            cache_dir: Some(dir.join(format!("cache-{}", backend.name()))),
-            ..Default::default()
-        },
-    )
-    .expect("open the tiny model")
+/// The options of the models here: `backend` with `kv`, 64 positions, weight caches in a
+/// directory of the backend's own; each test adds its threads and dispatch.
+fn options(dir: &Path, backend: Backend, kv: KvFormat) -> ModelOptions {
+    ModelOptions::default()
+        .with_backend(backend)
+        .with_kv(kv)
+        .with_max_context(64)
+        .with_cache_dir(dir.join(format!("cache-{}", backend.name())))
 }
 
 #[test]
@@ -42,10 +31,20 @@ fn in_kernel_generation_equals_the_per_operator_tokens_for_every_store_and_threa
         (Backend::Int4, KvFormat::Int8),
         (Backend::Int8, KvFormat::Q16),
     ] {
-        let mut reference = open(&dir, backend, kv, 1, Dispatch::PerOp);
+        let mut reference = common::open(
+            &dir,
+            options(&dir, backend, kv)
+                .with_threads(1)
+                .with_dispatch(Dispatch::PerOp),
+        );
         let want = common::greedy_tokens(&mut reference, &PROMPT, 20);
         for threads in [1, 2] {
-            let mut m = open(&dir, backend, kv, threads, Dispatch::Kernel);
+            let mut m = common::open(
+                &dir,
+                options(&dir, backend, kv)
+                    .with_threads(threads)
+                    .with_dispatch(Dispatch::Kernel),
+            );
             let runs = m.bpf_runs();
             let mut g = m
                 .generate_in_kernel(&PROMPT, &GenerateOptions::new(20))
@@ -80,11 +79,21 @@ fn in_kernel_generation_equals_the_per_operator_tokens_for_every_store_and_threa
 #[test]
 fn stop_tokens_end_generation_in_the_kernel_and_are_not_yielded() {
     let dir = common::tiny_model("in-kernel");
-    let mut reference = open(&dir, Backend::Q24, KvFormat::Q16, 1, Dispatch::PerOp);
+    let mut reference = common::open(
+        &dir,
+        options(&dir, Backend::Q24, KvFormat::Q16)
+            .with_threads(1)
+            .with_dispatch(Dispatch::PerOp),
+    );
     let want = common::greedy_tokens(&mut reference, &PROMPT, 12);
     let stop = want[6];
     let first = want.iter().position(|&t| t == stop).unwrap();
-    let mut m = open(&dir, Backend::Q24, KvFormat::Q16, 2, Dispatch::Kernel);
+    let mut m = common::open(
+        &dir,
+        options(&dir, Backend::Q24, KvFormat::Q16)
+            .with_threads(2)
+            .with_dispatch(Dispatch::Kernel),
+    );
     let opts = GenerateOptions::new(12).with_stop_tokens(vec![999_999, stop]);
     let mut g = m.generate_in_kernel(&PROMPT, &opts).unwrap();
     let got: Vec<u32> = g.by_ref().map(|t| t.unwrap()).collect();
@@ -95,13 +104,23 @@ fn stop_tokens_end_generation_in_the_kernel_and_are_not_yielded() {
 #[test]
 fn a_generation_split_over_many_invocations_is_the_same_as_one() {
     let dir = common::tiny_model("in-kernel");
-    let mut one = open(&dir, Backend::Q24, KvFormat::Q16, 1, Dispatch::Kernel);
+    let mut one = common::open(
+        &dir,
+        options(&dir, Backend::Q24, KvFormat::Q16)
+            .with_threads(1)
+            .with_dispatch(Dispatch::Kernel),
+    );
     let want: Vec<u32> = one
         .generate_in_kernel(&PROMPT, &GenerateOptions::new(16))
         .unwrap()
         .map(|t| t.unwrap())
         .collect();
-    let mut m = open(&dir, Backend::Q24, KvFormat::Q16, 2, Dispatch::Kernel);
+    let mut m = common::open(
+        &dir,
+        options(&dir, Backend::Q24, KvFormat::Q16)
+            .with_threads(2)
+            .with_dispatch(Dispatch::Kernel),
+    );
     // a 1 ns budget: every invocation returns after one step
     let mut g = m
         .generate_in_kernel(&PROMPT, &GenerateOptions::new(16))
@@ -131,9 +150,19 @@ fn the_kernel_sends_each_tokens_text_and_the_reader_joins_utf8() {
     let dir = common::tiny_model_with_tokenizer("in-kernel-text");
     let tok = Tokenizer::from_model_dir(&dir).unwrap();
     let prompt = tok.encode("Héllo wörld, ünïcode ✓ ").unwrap();
-    let mut reference = open(&dir, Backend::Q24, KvFormat::Q16, 1, Dispatch::PerOp);
+    let mut reference = common::open(
+        &dir,
+        options(&dir, Backend::Q24, KvFormat::Q16)
+            .with_threads(1)
+            .with_dispatch(Dispatch::PerOp),
+    );
     let ids = common::greedy_tokens(&mut reference, &prompt, 24);
-    let mut m = open(&dir, Backend::Q24, KvFormat::Q16, 2, Dispatch::Kernel);
+    let mut m = common::open(
+        &dir,
+        options(&dir, Backend::Q24, KvFormat::Q16)
+            .with_threads(2)
+            .with_dispatch(Dispatch::Kernel),
+    );
     m.load_vocabulary(&tok).unwrap();
     let text: String = m
         .generate_in_kernel(&prompt, &GenerateOptions::new(24))
@@ -157,7 +186,12 @@ fn the_kernel_sends_each_tokens_text_and_the_reader_joins_utf8() {
 #[test]
 fn in_kernel_generation_refuses_what_the_kernel_cannot_do() {
     let dir = common::tiny_model("in-kernel");
-    let mut m = open(&dir, Backend::Q24, KvFormat::Q16, 1, Dispatch::Kernel);
+    let mut m = common::open(
+        &dir,
+        options(&dir, Backend::Q24, KvFormat::Q16)
+            .with_threads(1)
+            .with_dispatch(Dispatch::Kernel),
+    );
     let sampled = GenerateOptions::new(4).with_sampling(SamplingParams::new(0.7));
     assert!(matches!(
         m.generate_in_kernel(&PROMPT, &sampled),
@@ -183,16 +217,11 @@ fn in_kernel_generation_refuses_what_the_kernel_cannot_do() {
         Err(Error::ContextOverflow { .. })
     ));
     assert_eq!(m.position(), 0, "refused generations feed nothing");
-    let mut arena = Model::open(
-        &dir,
-        &ModelOptions {
-            backend: Backend::Arena,
-            max_context: 16,
-            cache_dir: Some(dir.join("cache-arena")),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let arena_opts = ModelOptions::default()
+        .with_backend(Backend::Arena)
+        .with_max_context(16)
+        .with_cache_dir(dir.join("cache-arena"));
+    let mut arena = common::open(&dir, arena_opts);
     assert_eq!(
         arena.dispatch(),
         Dispatch::PerOp,

@@ -1,4 +1,4 @@
-//! The int8 KV-cache attention (`attention_i8` in `src/bpf/kv8.bpf.h`) against its Rust twin
+//! The int8 KV-cache attention (`attention_i8` in `src/bpf/kv8.inc.c`) against its Rust twin
 //! `qwen_bpf::num::kv8::attention`, bit for bit: codes, steps and outputs, over a long history, for
 //! GQA groups of one, two and three heads, head widths that are and are not multiples of four,
 //! on one thread and on kv heads split across two. Also: what committing arena memory ahead of
@@ -7,9 +7,9 @@
 mod common;
 
 use common::Rng;
-use qwen_bpf::num::fixed::{self, AttnShape};
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::{kv8_pairs, AttentionI8Buffers, Ops};
+use qwen_bpf::num::fixed::{self, AttnShape};
 use qwen_bpf::num::kv8;
 
 fn ops() -> Ops {

@@ -11,7 +11,7 @@ use std::process::Command;
 use qwen_bpf::model::kv::COMMIT_STEP;
 use qwen_bpf::verify::reference::{kl_divergence, Reference};
 use qwen_bpf::verify::twin::TwinModel;
-use qwen_bpf::{Backend, Checkpoint, Error, KvFormat, Model, ModelOptions};
+use qwen_bpf::{Backend, Checkpoint, Error, KvFormat, ModelOptions};
 
 /// Ordinary Qwen3 ids, repeated as needed.
 const IDS: [u32; 16] = [
@@ -22,25 +22,16 @@ fn tokens(n: usize) -> Vec<u32> {
     (0..n).map(|i| IDS[i % 16] + (i / 16) as u32).collect()
 }
 
-fn open(dir: &Path, max_context: usize, kv: KvFormat, backend: Backend, threads: usize) -> Model {
-    Model::open(
-        dir,
-        &ModelOptions {
-            max_context,
-            kv,
-            backend,
-            threads,
-            ..Default::default()
-        },
-    )
-    .expect("open the tiny model in BPF")
-}
-
 #[test]
 fn int8_kv_forward_equals_twin_across_commit_steps() {
     let dir = common::tiny_model("model-tiny");
     let n = COMMIT_STEP + 40;
-    let mut m = open(&dir, n, KvFormat::Int8, Backend::Q24, 1);
+    let opts = ModelOptions::default()
+        .with_max_context(n)
+        .with_kv(KvFormat::Int8)
+        .with_backend(Backend::Q24)
+        .with_threads(1);
+    let mut m = common::open(&dir, opts);
     let mut twin = TwinModel::open_with_kv(&dir, &dir, n, KvFormat::Int8).unwrap();
     for (i, t) in tokens(n).into_iter().enumerate() {
         let got = m.forward_fixed(t).unwrap().to_vec();
@@ -56,8 +47,14 @@ fn int8_kv_forward_equals_twin_across_commit_steps() {
 fn int8_kv_stays_close_to_q16_kv_and_the_reference() {
     let dir = common::tiny_model("model-tiny");
     let n = 48;
-    let mut q16 = open(&dir, n, KvFormat::Q16, Backend::Q24, 1);
-    let mut i8m = open(&dir, n, KvFormat::Int8, Backend::Q24, 2);
+    let q16_opts = ModelOptions::default()
+        .with_max_context(n)
+        .with_kv(KvFormat::Q16)
+        .with_backend(Backend::Q24)
+        .with_threads(1);
+    let i8_opts = q16_opts.clone().with_kv(KvFormat::Int8).with_threads(2);
+    let mut q16 = common::open(&dir, q16_opts);
+    let mut i8m = common::open(&dir, i8_opts);
     let mut r = Reference::new(&Checkpoint::open(&dir).unwrap(), n).unwrap();
     let (mut kl_kv, mut kl_ref, mut same) = (0f64, 0f64, 0usize);
     for t in tokens(n) {
@@ -68,7 +65,8 @@ fn int8_kv_stays_close_to_q16_kv_and_the_reference() {
         );
         kl_kv = kl_kv.max(kl_divergence(&a, &b));
         kl_ref = kl_ref.max(kl_divergence(&c, &b));
-        same += (qwen_bpf::verify::reference::argmax(&a) == qwen_bpf::verify::reference::argmax(&b)) as usize;
+        same += (qwen_bpf::verify::reference::argmax(&a) == qwen_bpf::verify::reference::argmax(&b))
+            as usize;
     }
     // int8 K/V per (position, head) is a relative error of ~0.4 % of each row's largest value:
     // on this random-weight model it moves the next-token distribution by a KL of ~1e-4 at most
@@ -89,7 +87,12 @@ fn kv_memory_is_committed_only_for_positions_reached() {
     let dir = common::tiny_model("model-tiny");
     let max = 4 * COMMIT_STEP;
     for kv in KvFormat::ALL {
-        let mut m = open(&dir, max, kv, Backend::Q24, 1);
+        let opts = ModelOptions::default()
+            .with_max_context(max)
+            .with_kv(kv)
+            .with_backend(Backend::Q24)
+            .with_threads(1);
+        let mut m = common::open(&dir, opts);
         let per_pos = kv.bytes_per_position(m.config());
         let mem = m.kernel_memory();
         assert!(
@@ -157,7 +160,12 @@ fn save_after(
     next: u32,
     file: &Path,
 ) -> Vec<f32> {
-    let mut m = open(dir, 64, kv, backend, 2);
+    let opts = ModelOptions::default()
+        .with_max_context(64)
+        .with_kv(kv)
+        .with_backend(backend)
+        .with_threads(2);
+    let mut m = common::open(dir, opts);
     m.prefill(prompt).unwrap();
     m.save_context(file).unwrap();
     m.forward(next).unwrap().to_vec()
@@ -235,8 +243,13 @@ fn damaged_or_foreign_contexts_are_refused_and_leave_the_model_unchanged() {
     }
     // the model each bad file is loaded into: 5 tokens in; after a refusal it must go on exactly
     // as an untouched twin
-    let mut m = open(&dir, 64, KvFormat::Int8, Backend::Q24, 1);
-    let mut untouched = open(&dir, 64, KvFormat::Int8, Backend::Q24, 1);
+    let opts = ModelOptions::default()
+        .with_max_context(64)
+        .with_kv(KvFormat::Int8)
+        .with_backend(Backend::Q24)
+        .with_threads(1);
+    let mut m = common::open(&dir, opts.clone());
+    let mut untouched = common::open(&dir, opts.clone());
     m.prefill(&tokens(5)).unwrap();
     untouched.prefill(&tokens(5)).unwrap();
     for (what, bytes) in &variants {
@@ -258,16 +271,13 @@ fn damaged_or_foreign_contexts_are_refused_and_leave_the_model_unchanged() {
     let foreign = [
         (
             "the q16 KV format",
-            open(&dir, 64, KvFormat::Q16, Backend::Q24, 1),
+            common::open(&dir, opts.clone().with_kv(KvFormat::Q16)),
         ),
         (
             "the int8 store",
-            open(&dir, 64, KvFormat::Int8, Backend::Int8, 1),
+            common::open(&dir, opts.clone().with_backend(Backend::Int8)),
         ),
-        (
-            "another checkpoint",
-            open(&other, 64, KvFormat::Int8, Backend::Q24, 1),
-        ),
+        ("another checkpoint", common::open(&other, opts.clone())),
     ];
     for (what, mut model) in foreign {
         match model.load_context(&ctx) {
@@ -276,7 +286,7 @@ fn damaged_or_foreign_contexts_are_refused_and_leave_the_model_unchanged() {
         }
     }
     // longer than the model's context
-    let mut small = open(&dir, 8, KvFormat::Int8, Backend::Q24, 1);
+    let mut small = common::open(&dir, opts.with_max_context(8));
     assert!(
         matches!(
             small.load_context(&ctx),

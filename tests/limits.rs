@@ -9,10 +9,10 @@ mod common;
 use std::path::Path;
 
 use common::Rng;
-use qwen_bpf::kernel::ops::Ops;
-use qwen_bpf::verify::reference::Reference;
 use qwen_bpf::hf::synth::{self, Preset, SynthOptions};
+use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::limits;
+use qwen_bpf::verify::reference::Reference;
 use qwen_bpf::{Backend, Checkpoint, Config, Error, KvFormat, Model, ModelOptions};
 
 /// The verifier's work per program, against its limit of 1,000,000 processed instructions: a
@@ -63,7 +63,7 @@ fn limits_agree_between_limits_h_and_limits_rs() {
         ),
         "src/bpf/limits.h vs src/num/limits.rs"
     );
-    // The twins' own bounds are the same table (kv8.bpf.h's is checked by a _Static_assert).
+    // The twins' own bounds are the same table (kv8.inc.c's is checked by a _Static_assert).
     assert_eq!(qwen_bpf::num::swar::K_MAX, limits::COLS_MAX);
     assert_eq!(qwen_bpf::num::swar::GROUP, limits::SWAR_COLS_ALIGN);
     assert_eq!(qwen_bpf::num::kv8::HD_MAX, limits::HEAD_DIM_MAX);

@@ -10,44 +10,22 @@ const TOKENS: [u32; 16] = [
     785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386,
 ];
 
-fn open(dir: &std::path::Path, max_context: usize) -> Model {
-    Model::open(
-        dir,
-        &ModelOptions {
-            max_context,
-            ..Default::default()
-        },
-    )
-    .expect("open the tiny model in BPF")
-}
-
-fn open_threads(
-    dir: &std::path::Path,
-    max_context: usize,
-    threads: usize,
-    dispatch: Dispatch,
-) -> Model {
-    Model::open(
-        dir,
-        &ModelOptions {
-            max_context,
-            threads,
-            dispatch,
-            ..Default::default()
-        },
-    )
-    .expect("open the tiny model in BPF")
-}
-
 #[test]
 fn bpf_forward_equals_twin_bit_for_bit_and_counts_runs() {
     let dir = common::tiny_model("model-tiny");
-    let mut per_op = open_threads(&dir, 32, 1, Dispatch::PerOp);
+    let open = |threads, dispatch| {
+        let opts = ModelOptions::default()
+            .with_max_context(32)
+            .with_threads(threads)
+            .with_dispatch(dispatch);
+        common::open(&dir, opts)
+    };
+    let mut per_op = open(1, Dispatch::PerOp);
     // (model, BPF runs per token): the kernel runs the whole step in one invocation per thread
     let mut kernel = [
-        (open_threads(&dir, 32, 1, Dispatch::Kernel), 1),
-        (open_threads(&dir, 32, 2, Dispatch::Kernel), 2),
-        (open_threads(&dir, 32, 2, Dispatch::PerOp), 0),
+        (open(1, Dispatch::Kernel), 1),
+        (open(2, Dispatch::Kernel), 2),
+        (open(2, Dispatch::PerOp), 0),
     ];
     assert_eq!(kernel[1].0.dispatch(), Dispatch::Kernel);
     let mut twin = TwinModel::open(&dir, &dir, 32).unwrap();
@@ -102,7 +80,7 @@ fn bpf_forward_equals_twin_bit_for_bit_and_counts_runs() {
 #[test]
 fn bpf_forward_is_within_bounds_of_the_f32_reference() {
     let dir = common::tiny_model("model-tiny");
-    let mut m = open(&dir, 32);
+    let mut m = common::open(&dir, ModelOptions::default().with_max_context(32));
     let mut r = Reference::new(&Checkpoint::open(&dir).unwrap(), 32).unwrap();
     let (mut sum, mut n, mut worst) = (0f64, 0usize, 0f32);
     for (i, &t) in TOKENS.iter().enumerate() {
@@ -152,8 +130,8 @@ fn bpf_forward_is_within_bounds_of_the_f32_reference() {
 #[test]
 fn next_token_is_the_argmax_of_forward_and_reset_replays() {
     let dir = common::tiny_model("model-tiny");
-    let mut a = open(&dir, 32);
-    let mut b = open(&dir, 32);
+    let mut a = common::open(&dir, ModelOptions::default().with_max_context(32));
+    let mut b = common::open(&dir, ModelOptions::default().with_max_context(32));
     for &t in &TOKENS[..6] {
         let logits = a.forward_fixed(t).unwrap();
         let best = logits
@@ -184,7 +162,7 @@ fn next_token_is_the_argmax_of_forward_and_reset_replays() {
 #[test]
 fn bad_tokens_and_context_overflow_are_typed_errors() {
     let dir = common::tiny_model("model-tiny");
-    let mut m = open(&dir, 3);
+    let mut m = common::open(&dir, ModelOptions::default().with_max_context(3));
     let vocab = m.config().vocab_size as u32;
     match m.forward(vocab) {
         Err(Error::TokenOutOfRange {
@@ -221,7 +199,7 @@ fn bad_tokens_and_context_overflow_are_typed_errors() {
 fn model_is_send_and_runs_on_another_thread() {
     fn assert_send<T: Send>(_: &T) {}
     let dir = common::tiny_model("model-tiny");
-    let mut m = open(&dir, 8);
+    let mut m = common::open(&dir, ModelOptions::default().with_max_context(8));
     assert_send(&m);
     let first = m.forward_fixed(TOKENS[0]).unwrap().to_vec();
     let mut m = std::thread::spawn(move || {
@@ -245,7 +223,7 @@ fn model_is_send_and_runs_on_another_thread() {
 #[test]
 fn forward_trait_rewinds_and_resets_model_and_reference_alike() {
     let dir = common::tiny_model("model-tiny");
-    let mut m = open(&dir, 8);
+    let mut m = common::open(&dir, ModelOptions::default().with_max_context(8));
     let mut r = Reference::new(&Checkpoint::open(&dir).unwrap(), 8).unwrap();
     let engines: [(&str, &mut dyn Forward); 2] = [("model", &mut m), ("reference", &mut r)];
     for (name, e) in engines {

@@ -5,9 +5,9 @@
 mod common;
 
 use common::Rng;
-use qwen_bpf::num::fixed::{self, AttnShape};
 use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::{AttentionBuffers, Ops};
+use qwen_bpf::num::fixed::{self, AttnShape};
 
 fn ops() -> Ops {
     Ops::load(64 << 20).expect("loading the operator programs (needs root / CAP_BPF)")

@@ -9,30 +9,12 @@ use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::swar;
 use qwen_bpf::verify::twin_plan;
-use qwen_bpf::{Backend, KvFormat, Model, ModelOptions};
+use qwen_bpf::{Backend, KvFormat, ModelOptions};
 
 /// Tokens fed at positions 0, 1, ...: both ends of the vocabulary, a repeat.
 const TOKENS: [u32; 12] = [
     785, 3974, 0, 38835, 916, 151_935, 15678, 785, 13, 151_644, 9707, 11,
 ];
-
-fn open(dir: &std::path::Path, backend: Backend, kv: KvFormat, threads: usize) -> Model {
-    let opts = ModelOptions {
-        backend,
-        kv,
-        threads,
-        max_context: 40,
-        screened_head: false, // next_token runs the plan's own head
-        ..Default::default()
-    };
-    Model::open(dir, &opts).unwrap_or_else(|e| {
-        panic!(
-            "open the tiny model ({}, {} KV, {threads} threads): {e}",
-            backend.name(),
-            kv.name()
-        )
-    })
-}
 
 /// For each KV format and thread count: model `bpf` runs each token in the kernel (logits, then
 /// again at the same position for the kernel head's argmax); model `twin`, opened alike, runs
@@ -46,8 +28,16 @@ fn twin_plan_matches_bpf(backend: Backend) {
                 backend.name(),
                 kv.name()
             );
-            let mut bpf = open(&dir, backend, kv, threads);
-            let mut twin = open(&dir, backend, kv, threads);
+            let opts = ModelOptions {
+                screened_head: false, // next_token runs the plan's own head
+                ..ModelOptions::default()
+                    .with_backend(backend)
+                    .with_kv(kv)
+                    .with_threads(threads)
+                    .with_max_context(40)
+            };
+            let mut bpf = common::open(&dir, opts.clone());
+            let mut twin = common::open(&dir, opts);
             let plan = twin.plan().expect("the store records a plan");
             assert_eq!(plan.threads, threads, "{what}: threads of the plan");
             let head = plan.entries.last().expect("a plan ends with the head");

@@ -11,20 +11,6 @@ use qwen_bpf::{Backend, KvFormat, Model, ModelOptions};
 
 const MAX_CONTEXT: usize = 64;
 
-fn open(dir: &std::path::Path, backend: Backend, kv: KvFormat, threads: usize) -> Model {
-    Model::open(
-        dir,
-        &ModelOptions {
-            backend,
-            kv,
-            threads,
-            max_context: MAX_CONTEXT,
-            ..Default::default()
-        },
-    )
-    .expect("open the tiny model in BPF")
-}
-
 /// `n` token ids spread over the vocabulary (repeats included).
 fn prompt(vocab: usize, n: usize) -> Vec<u32> {
     let base = common::spread_tokens(vocab);
@@ -54,8 +40,13 @@ fn prefill_in_blocks_equals_token_by_token_for_every_store() {
     ];
     for (backend, kv, threads) in runs {
         let what = format!("{} store, {kv:?} KV, {threads} threads", backend.name());
-        let mut blocked = open(&dir, backend, kv, threads);
-        let mut single = open(&dir, backend, kv, threads);
+        let opts = ModelOptions::default()
+            .with_backend(backend)
+            .with_kv(kv)
+            .with_threads(threads)
+            .with_max_context(MAX_CONTEXT);
+        let mut blocked = common::open(&dir, opts.clone());
+        let mut single = common::open(&dir, opts);
         let block = blocked.prefill_block();
         assert!(block > 1, "{what}: prefill block {block}");
         // two whole blocks and a remainder, so that every code path runs
@@ -103,7 +94,12 @@ fn prefill_in_blocks_equals_token_by_token_for_every_store() {
 #[test]
 fn blocked_prefill_equals_the_rust_twin() {
     let dir = common::tiny_model("model-tiny-prefill");
-    let mut m = open(&dir, Backend::Q24, KvFormat::Q16, 2);
+    let opts = ModelOptions::default()
+        .with_backend(Backend::Q24)
+        .with_kv(KvFormat::Q16)
+        .with_threads(2)
+        .with_max_context(MAX_CONTEXT);
+    let mut m = common::open(&dir, opts);
     let mut twin = TwinModel::open(&dir, &dir, MAX_CONTEXT).unwrap();
     let tokens = prompt(m.config().vocab_size, m.prefill_block() + 5);
     let got = m.prefill(&tokens).unwrap().to_vec();

@@ -111,37 +111,3 @@ fn non_finite_weights_are_reported() {
         "{err}"
     );
 }
-
-/// Speed at the full Qwen3-0.6B shape (not run by default). Needs a checkpoint, e.g.
-/// `cargo run --release --example synth -- --preset qwen3-0.6b --out /tmp/q06`, then
-/// `QWEN_BPF_BENCH_MODEL=/tmp/q06 cargo test --release --test reference -- --ignored --nocapture`.
-#[test]
-#[ignore = "needs a full-size checkpoint in $QWEN_BPF_BENCH_MODEL (default /tmp/q06)"]
-fn full_shape_ms_per_token() {
-    let dir = common::full_size_model_dir();
-    let ck = Checkpoint::open(&dir).expect("open the full-size checkpoint");
-    let t0 = std::time::Instant::now();
-    let mut r = Reference::new(&ck, 256).expect("load reference");
-    println!(
-        "{}: loaded {} parameters as f32 in {:.1} s",
-        dir.display(),
-        ck.config.num_parameters(),
-        t0.elapsed().as_secs_f64()
-    );
-    let seq = tokens(ck.config.vocab_size);
-    let max_threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1);
-    for threads in [1, max_threads] {
-        r.set_threads(threads);
-        r.reset();
-        r.forward(seq[0]).unwrap(); // warm-up: page in the weights
-        let n = 32;
-        let t = std::time::Instant::now();
-        for i in 0..n {
-            std::hint::black_box(r.forward(seq[(i + 1) % seq.len()]).unwrap());
-        }
-        let ms = t.elapsed().as_secs_f64() * 1e3 / n as f64;
-        println!("threads {threads}: {ms:.1} ms/token (positions 1..={n})");
-    }
-}

@@ -413,17 +413,6 @@ fn draws_fit_the_exact_distribution_chi_square() {
 
 const PROMPT: [u32; 5] = [785, 3974, 13876, 38835, 916];
 
-fn open(dir: &Path, max_context: usize) -> Model {
-    Model::open(
-        dir,
-        &ModelOptions {
-            max_context,
-            ..Default::default()
-        },
-    )
-    .expect("open the tiny model in BPF")
-}
-
 fn generate(model: &mut Model, prompt: &[u32], opts: &GenerateOptions) -> Vec<u32> {
     model.reset();
     model
@@ -438,15 +427,8 @@ fn greedy_generation_is_next_token_in_a_loop() {
     let dir = common::tiny_model("sampling-tiny");
     // One thread: one kernel invocation per token, never a per-operator fallback (which a busy
     // machine can cause when two threads must meet), so that runs count forward passes.
-    let mut m = Model::open(
-        &dir,
-        &ModelOptions {
-            max_context: 64,
-            threads: 1,
-            ..Default::default()
-        },
-    )
-    .expect("open the tiny model in BPF");
+    let opts = ModelOptions::default().with_max_context(64).with_threads(1);
+    let mut m = common::open(&dir, opts);
     // The exact head, so that every token costs the same BPF runs (the screened head backs off
     // adaptively and runs a varying number); the token is the same either way (tests/screen.rs).
     m.set_screened_head(false);
@@ -523,7 +505,10 @@ fn greedy_generation_is_next_token_in_a_loop() {
 fn a_full_context_ends_generation_cleanly() {
     let dir = common::tiny_model("sampling-tiny");
     // Room for the prompt and 3 more tokens: 4 are yielded (the last is never fed).
-    let mut m = open(&dir, PROMPT.len() + 3);
+    let mut m = common::open(
+        &dir,
+        ModelOptions::default().with_max_context(PROMPT.len() + 3),
+    );
     for opts in [
         GenerateOptions::new(100),
         GenerateOptions::new(100).with_sampling(SamplingParams::new(1.0).with_seed(3)),
@@ -536,7 +521,7 @@ fn a_full_context_ends_generation_cleanly() {
         assert_eq!(g.model().position(), g.model().max_context());
     }
     // A prompt that fills the context exactly still yields its one token.
-    let mut m = open(&dir, PROMPT.len());
+    let mut m = common::open(&dir, ModelOptions::default().with_max_context(PROMPT.len()));
     let mut g = m.generate(&PROMPT, &GenerateOptions::new(10)).unwrap();
     assert!(g.next().unwrap().is_ok());
     assert!(g.next().is_none());
@@ -546,7 +531,7 @@ fn a_full_context_ends_generation_cleanly() {
 #[test]
 fn seeds_fix_sampled_generations() {
     let dir = common::tiny_model("sampling-tiny");
-    let mut m = open(&dir, 64);
+    let mut m = common::open(&dir, ModelOptions::default().with_max_context(64));
     let n = 32;
     let opts =
         |seed| GenerateOptions::new(n).with_sampling(SamplingParams::new(1.5).with_seed(seed));
@@ -599,7 +584,7 @@ fn seeds_fix_sampled_generations() {
 #[test]
 fn generate_checks_everything_before_feeding() {
     let dir = common::tiny_model("sampling-tiny");
-    let mut m = open(&dir, 8);
+    let mut m = common::open(&dir, ModelOptions::default().with_max_context(8));
     let vocab = m.config().vocab_size;
     let bad = GenerateOptions::new(4).with_sampling(SamplingParams::new(f32::NAN));
     assert!(matches!(
@@ -628,7 +613,7 @@ fn generate_checks_everything_before_feeding() {
 fn text_streaming_matches_decoding_the_tokens() {
     let dir = common::tiny_model_with_tokenizer("sampling-text");
     let tok = Tokenizer::from_model_dir(&dir).unwrap();
-    let mut m = open(&dir, 64);
+    let mut m = common::open(&dir, ModelOptions::default().with_max_context(64));
     let opts = GenerateOptions::new(24).with_sampling(SamplingParams::new(1.0).with_seed(5));
     let tokens = generate(&mut m, &PROMPT, &opts);
     m.reset();

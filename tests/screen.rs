@@ -7,28 +7,17 @@
 mod common;
 
 use common::Rng;
-use qwen_bpf::num::fixed::{self, rshr, sat32};
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::kernel::swar_ops::ExactHead;
 use qwen_bpf::num::bound::{self as screen, Screen, ScreenWeights};
-use qwen_bpf::store::screen::ScreenedHead;
+use qwen_bpf::num::fixed::{self, rshr, sat32};
 use qwen_bpf::num::swar::{self, Format, Int8Matrix, PackedMatrix, W4A8, W8A16};
-use qwen_bpf::{Backend, Model, ModelOptions};
+use qwen_bpf::store::screen::ScreenedHead;
+use qwen_bpf::{Backend, ModelOptions};
 
 const TOKENS: [u32; 16] = [
     785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386,
 ];
-
-fn open(dir: &std::path::Path, backend: Backend, screened: bool) -> Model {
-    let opts = ModelOptions {
-        backend,
-        max_context: 48,
-        cache_dir: Some(dir.to_path_buf()),
-        screened_head: screened,
-        ..Default::default()
-    };
-    Model::open(dir, &opts).unwrap_or_else(|e| panic!("open {}: {e}", backend.name()))
-}
 
 /// The first row with the largest logit.
 fn argmax_first(v: &[i32]) -> usize {
@@ -45,8 +34,24 @@ fn argmax_first(v: &[i32]) -> usize {
 fn next_token_with_the_screen_is_the_full_heads_argmax_at_every_position() {
     let dir = common::tiny_model("screen-tiny");
     for backend in [Backend::Q24, Backend::Int4, Backend::Int8] {
-        let mut screened = open(&dir, backend, true);
-        let mut full = open(&dir, backend, false);
+        let opts = ModelOptions::default()
+            .with_backend(backend)
+            .with_max_context(48)
+            .with_cache_dir(&dir);
+        let mut screened = common::open(
+            &dir,
+            ModelOptions {
+                screened_head: true,
+                ..opts.clone()
+            },
+        );
+        let mut full = common::open(
+            &dir,
+            ModelOptions {
+                screened_head: false,
+                ..opts
+            },
+        );
         assert!(screened.screened_head() && !full.screened_head());
         let mem = screened.kernel_memory();
         assert!(

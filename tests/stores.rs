@@ -8,33 +8,25 @@ use std::path::Path;
 
 use qwen_bpf::store::arena_batch::WEIGHT_BYTES;
 use qwen_bpf::store::q24::FILE_NAME;
-use qwen_bpf::{Backend, Model, ModelOptions};
+use qwen_bpf::{Backend, ModelOptions};
 
 const TOKENS: [u32; 16] = [
     785, 3974, 13876, 38835, 916, 279, 15678, 5562, 13, 151644, 0, 9707, 11, 1879, 220, 108386,
 ];
 
-fn open(dir: &Path, backend: Backend, cache: &Path) -> Model {
-    let opts = ModelOptions {
-        backend,
-        max_context: 32,
-        cache_dir: Some(cache.to_path_buf()),
-        ..Default::default()
-    };
-    Model::open(dir, &opts).unwrap_or_else(|e| {
-        panic!(
-            "open {} with the {} store: {e}",
-            dir.display(),
-            backend.name()
-        )
-    })
+/// The options of every model here: `backend`, 32 positions, weight caches in `cache`.
+fn options(backend: Backend, cache: &Path) -> ModelOptions {
+    ModelOptions::default()
+        .with_backend(backend)
+        .with_max_context(32)
+        .with_cache_dir(cache)
 }
 
 #[test]
 fn arena_batch_logits_are_byte_identical_to_q24_within_2_mib() {
     let dir = common::tiny_model("stores-tiny");
-    let mut q24 = open(&dir, Backend::Q24, &dir);
-    let mut arena = open(&dir, Backend::Arena, &dir);
+    let mut q24 = common::open(&dir, options(Backend::Q24, &dir));
+    let mut arena = common::open(&dir, options(Backend::Arena, &dir));
     assert!(
         arena.kernel_memory().weights <= WEIGHT_BYTES,
         "arena store weight memory {:?}",
@@ -72,7 +64,7 @@ fn q24_cache_is_reused_and_rebuilt_when_truncated_corrupt_or_stale() {
     let dir = common::tiny_model("stores-cache");
     let cache_dir = common::scratch_dir();
     let file = cache_dir.path().join(FILE_NAME);
-    let want = open(&dir, Backend::Q24, cache_dir.path())
+    let want = common::open(&dir, options(Backend::Q24, cache_dir.path()))
         .forward_fixed(TOKENS[0])
         .unwrap()
         .to_vec();
@@ -83,7 +75,7 @@ fn q24_cache_is_reused_and_rebuilt_when_truncated_corrupt_or_stale() {
     let t0 = mtime(&file);
     std::thread::sleep(std::time::Duration::from_millis(20));
     assert_eq!(
-        open(&dir, Backend::Q24, cache_dir.path())
+        common::open(&dir, options(Backend::Q24, cache_dir.path()))
             .forward_fixed(TOKENS[0])
             .unwrap(),
         want
@@ -127,7 +119,7 @@ fn q24_cache_is_reused_and_rebuilt_when_truncated_corrupt_or_stale() {
     ];
     for (what, hurt) in damage {
         hurt(&file);
-        let got = open(&dir, Backend::Q24, cache_dir.path())
+        let got = common::open(&dir, options(Backend::Q24, cache_dir.path()))
             .forward_fixed(TOKENS[0])
             .unwrap()
             .to_vec();
@@ -144,7 +136,7 @@ fn q24_cache_is_reused_and_rebuilt_when_truncated_corrupt_or_stale() {
 /// positions whose argmax agrees.
 fn error_vs_reference(dir: &Path, backend: Backend) -> (f64, f32, f64) {
     use qwen_bpf::verify::reference::Reference;
-    let mut m = open(dir, backend, dir);
+    let mut m = common::open(dir, options(backend, dir));
     let mut r = Reference::new(&qwen_bpf::Checkpoint::open(dir).unwrap(), 32).unwrap();
     let (mut sum, mut n, mut max, mut agree) = (0f64, 0usize, 0f32, 0usize);
     let argmax = |v: &[f32]| {

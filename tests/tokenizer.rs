@@ -25,7 +25,7 @@ fn encodes_known_ids_and_round_trips() {
 }
 
 #[test]
-fn vocabulary_and_special_tokens() {
+fn special_tokens_have_their_ids_and_their_text_encodes_to_them() {
     let t = tok();
     assert_eq!(t.vocab_size(), 151_669);
     assert_eq!(t.token_id("<|im_start|>"), Some(IM_START));
@@ -46,7 +46,7 @@ fn vocabulary_and_special_tokens() {
 }
 
 #[test]
-fn chat_template() {
+fn a_chat_prompt_wraps_the_message_and_ends_with_the_assistant_turn() {
     let t = tok();
     assert_eq!(
         Tokenizer::chat_prompt("Why is the sky blue?"),

@@ -12,8 +12,8 @@ use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::qwen3;
 use common::spread_tokens as tokens;
-use qwen_bpf::verify::reference::Reference;
 use qwen_bpf::hf::synth::{KeyStyle, Preset, SynthOptions};
+use qwen_bpf::verify::reference::Reference;
 use qwen_bpf::{Checkpoint, Config};
 
 /// Largest |reference − candle| allowed on any logit.

@@ -16,8 +16,8 @@ use proptest::prelude::*;
 use proptest::sample::Index;
 use proptest::test_runner::{Config as ProptestConfig, FileFailurePersistence};
 use qwen_bpf::hf::checkpoint::tensor_specs;
-use qwen_bpf::store::cache;
 use qwen_bpf::hf::synth::{self, Preset, SynthOptions};
+use qwen_bpf::store::cache;
 use qwen_bpf::{Checkpoint, Config, Error};
 use serde_json::Value;
 

@@ -1,13 +1,14 @@
 //! Helpers shared by the integration tests (this package's and, through `#[path]`, those of the
-//! `qwen_bpf_dev` member in `dev/`): synthetic checkpoints, the real Qwen3 tokenizer for the tests
-//! that need text, deterministic test data.
+//! `qwen_bpf_dev` member in `dev/`): synthetic checkpoints, opening them ([`open`]), the real
+//! Qwen3 tokenizer for the tests that need text, deterministic test data; and in [`safety`] the
+//! helpers of the safety tests.
 //!
 //! Checkpoints are written under `CARGO_TARGET_TMPDIR/models/<tag>` at most once per test process
-//! and tag. A `synth.stamp` file records what was generated (a hash of `src/synth.rs`, the config
-//! and the options); when it matches, a later process reuses the files untouched, which keeps
-//! their modification times, and so [`Checkpoint::identity`](qwen_bpf::Checkpoint::identity) and
-//! any weight caches keyed on it, stable across runs. Files are replaced atomically, so processes
-//! racing on the same tag both end up with identical, complete checkpoints.
+//! and tag. A `synth.stamp` file records what was generated (a hash of `src/hf/synth.rs`, the
+//! config and the options); when it matches, a later process reuses the files untouched, which
+//! keeps their modification times, and so [`Checkpoint::identity`](qwen_bpf::Checkpoint::identity)
+//! and any weight caches keyed on it, stable across runs. Files are replaced atomically, so
+//! processes racing on the same tag both end up with identical, complete checkpoints.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -15,11 +16,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 
 use qwen_bpf::hf::synth::{self, Preset, SynthOptions};
-use qwen_bpf::Config;
+use qwen_bpf::{Config, Model, ModelOptions};
 
 mod rng;
 #[allow(unused_imports)] // not every test uses it
 pub use rng::Rng;
+pub mod safety;
 
 /// The workspace root (the directory holding `Cargo.lock`), from this package's or a member's
 /// manifest directory.
@@ -152,6 +154,14 @@ pub fn model_with(tag: &str, cfg: &Config, opts: &SynthOptions) -> PathBuf {
     dir
 }
 
+/// The checkpoint in `dir` opened with `opts`, which a test writes out where it opens a model
+/// (`common::open(&dir, ModelOptions::default().with_max_context(32))`). A failure panics with the
+/// directory and every option.
+pub fn open(dir: &Path, opts: ModelOptions) -> Model {
+    Model::open(dir, &opts)
+        .unwrap_or_else(|e| panic!("opening {} with {opts:?}: {e}", dir.display()))
+}
+
 /// A fresh, empty directory under `CARGO_TARGET_TMPDIR`, removed when dropped.
 pub fn scratch_dir() -> tempfile::TempDir {
     let base = Path::new(env!("CARGO_TARGET_TMPDIR"));
@@ -199,7 +209,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) {
 
 /// Greedy tokens of `m` from its current position: `prompt` fed with `next_token`, then `n`
 /// tokens, each the argmax fed back (the last one is not fed).
-pub fn greedy_tokens(m: &mut qwen_bpf::Model, prompt: &[u32], n: usize) -> Vec<u32> {
+pub fn greedy_tokens(m: &mut Model, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut next = 0;
     for &t in prompt {
         next = m.next_token(t).unwrap();

@@ -1,5 +1,6 @@
 //! The one deterministic generator of the tests, benches and tools: `tests/common` re-exports it,
-//! `benches/decode.rs` and `dev/src/bin/train_tiny.rs` include this file with `#[path]`.
+//! `benches/decode.rs`, `benches/swar.rs` and `dev/src/bin/train_tiny.rs` include this file with
+//! `#[path]`.
 #![allow(dead_code)]
 
 /// xorshift64* (Vigna): deterministic test data. The state must not be zero.
@@ -33,6 +34,26 @@ impl Rng {
     /// Uniform in the open interval `(0, 1)`.
     pub fn open_unit(&mut self) -> f64 {
         ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    /// `n` weights like a trained layer's: normal with standard deviation `sd`, and about one in
+    /// 500 an outlier of standard deviation `8 sd`.
+    pub fn weights(&mut self, n: usize, sd: f64) -> Vec<f32> {
+        (0..n)
+            .map(|_| {
+                (if self.next() % 500 == 0 {
+                    self.normal(sd * 8.0)
+                } else {
+                    self.normal(sd)
+                }) as f32
+            })
+            .collect()
+    }
+    /// `n` activations as after RMSNorm: normal, with outlier channels 40 times larger (every
+    /// column `j` with `j % 97 == 5`).
+    pub fn activations(&mut self, n: usize) -> Vec<f32> {
+        (0..n)
+            .map(|j| (self.normal(1.0) * if j % 97 == 5 { 40.0 } else { 1.0 }) as f32)
+            .collect()
     }
     /// Standard normal (the Box–Muller transform of two [`open_unit`](Self::open_unit) draws).
     pub fn gaussian(&mut self) -> f64 {
