@@ -9,10 +9,10 @@
 //!   reference (one thread) and of each BPF weight store, on the synthetic Qwen3-0.6B of
 //!   `qwen_bpf::hf::default_model` (generated once, ~1.2 GB, plus each store's cache on its first
 //!   load), or on the model directory in `$QWEN_BPF_BENCH_MODEL`. Throughput is tokens/s.
-//! * `reference_threads`: the f32 reference's time per token on one thread and on all the
+//! * `reference_parallel`: the f32 reference's time per token on one thread and on all the
 //!   machine's threads (`Reference::set_threads`), at positions 1 to 32 of its context (then a
 //!   reset, outside the timing), on the same model; its load time is printed:
-//!   `cargo bench --bench decode -- reference_threads`.
+//!   `cargo bench --bench decode -- reference_parallel`.
 //! * `dispatch`: per store (q24, int4, int8), one decode step per operator run from user space
 //!   (`per-op`) and as one `run_plan` invocation per thread (`kernel`), each with the store's
 //!   default head (q24: screened) and with the full exact head (`-exact`), and 8 tokens
@@ -126,14 +126,14 @@ fn decode(c: &mut Criterion) {
     g.finish();
 }
 
-/// Positions the `reference_threads` group times (1 to this) before it starts over.
+/// Positions the `reference_parallel` group times (1 to this) before it starts over.
 const REFERENCE_POSITIONS: usize = 32;
 
-/// Tokens fed by the `reference_threads` group, in turn (ordinary Qwen3 ids).
+/// Tokens fed by the `reference_parallel` group, in turn (ordinary Qwen3 ids).
 const REFERENCE_TOKENS: [u32; 8] = [FIRST_TOKEN, 3974, 13876, 38835, 916, 279, 15678, 5562];
 
-fn reference_threads(c: &mut Criterion) {
-    if !selected("reference_threads") {
+fn reference_parallel(c: &mut Criterion) {
+    if !selected("reference_parallel") {
         return;
     }
     let dir = model_dir();
@@ -141,7 +141,7 @@ fn reference_threads(c: &mut Criterion) {
     let t0 = Instant::now();
     let mut r = Reference::new(&ck, 256).expect("loading the f32 reference");
     eprintln!(
-        "reference_threads: {}: loaded {} parameters as f32 in {:.1} s",
+        "reference_parallel: {}: loaded {} parameters as f32 in {:.1} s",
         dir.display(),
         ck.config.num_parameters(),
         t0.elapsed().as_secs_f64()
@@ -150,7 +150,7 @@ fn reference_threads(c: &mut Criterion) {
     let max_threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let mut g = c.benchmark_group("reference_threads");
+    let mut g = c.benchmark_group("reference_parallel");
     g.sample_size(10)
         .warm_up_time(Duration::from_secs(3))
         .measurement_time(Duration::from_secs(20))
@@ -687,7 +687,7 @@ fn threads(c: &mut Criterion) {
 criterion_group!(
     benches,
     decode,
-    reference_threads,
+    reference_parallel,
     dispatch,
     screened_head,
     kernels,
