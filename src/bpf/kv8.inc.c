@@ -327,11 +327,7 @@ static __always_inline s64 kv8_score(s64 dot, u32 kstep, u32 e, s64 scale)
 		s = s > lim ? lim : s < -lim ? -lim : s;
 		s <<= e - 29;
 	}
-	if (s > (1LL << 40))
-		s = 1LL << 40;
-	if (s < -(1LL << 40))
-		s = -(1LL << 40);
-	return sat32(rshr(s * scale, Q_SCALE));
+	return attn_score(s, scale);
 }
 
 /* The arena addresses one pair of query heads works on (see kv8_attend_pair). */

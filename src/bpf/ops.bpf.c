@@ -374,16 +374,7 @@ static __always_inline int batch_ok(u32 nb)
 /* Finishes one row in the given mode (see rows2_q24). */
 static __always_inline s64 finish_q24(s64 d, u64 ya, u32 mode, u32 l)
 {
-	s32 v = sat32(rshr(d, Q_W));
-
-	if (mode == ROWS_RESIDUAL) {
-		s64 __arena *y = ARENA_PTR(s64, ya) + l;
-
-		*y = sat_res(*y + rshr(d, Q_W + Q_ACT - Q_RES));
-	} else if (ya) {
-		*(ARENA_PTR(s32, ya) + l) = v;
-	}
-	return (s64)v * 2 + (1 - l);
+	return (s64)finish_row_q16(d, ya, l, mode == ROWS_RESIDUAL) * 2 + (1 - l);
 }
 
 /* Two consecutive rows (at wa and wa + 4k) times x, sharing each load of x: 8 columns per step.
@@ -644,13 +635,8 @@ static __noinline int attend_head(struct attention_args *a, u32 h)
 
 	/* 1. scores s_t = (q . k_t) * hd^-0.5 in Q16, kept (as s32) in p; their maximum m */
 	FOR(t, 0, npos) {
-		s64 s = rshr(dot_head(q, kc + t * kvd4, hd), Q_Q); /* Q16 */
+		s64 s = attn_score(rshr(dot_head(q, kc + t * kvd4, hd), Q_Q), scale); /* Q16 */
 
-		if (s > (1LL << 40))
-			s = 1LL << 40;
-		if (s < -(1LL << 40))
-			s = -(1LL << 40);
-		s = sat32(rshr(s * scale, Q_SCALE));
 		p[t] = (u32)(s32)s;
 		if (s > m)
 			m = s;

@@ -43,6 +43,7 @@
 
 #define SW_GROUP LIM_SWAR_COLS_ALIGN /* columns per weight-scale group and activation block: 32 */
 #define SW_SCALE_SHIFT 24  /* weight scales are Q24 */
+_Static_assert(SW_SCALE_SHIFT == Q_W, "finish_row_q16 finishes SWAR rows as Q24 weights");
 #define SW_KMAX LIM_COLS_MAX /* most columns: 16384 */
 #define SW_MODE_STORE 0
 #define SW_MODE_ACCUMULATE 1
@@ -219,17 +220,7 @@ static __always_inline u64 lane(u64 q, int l, int lanes, int bits)
  * on ties, the lower row. */
 static __always_inline s64 finish_row(u64 acc, u64 ya, int l, u32 mode)
 {
-	s64 d = rshr((s64)acc, SW_SCALE_SHIFT);
-	s32 v = sat32(d);
-
-	if (mode == SW_MODE_ACCUMULATE) {
-		s64 __arena *y = ARENA_PTR(s64, ya) + l;
-
-		*y = sat_res(*y + rshr((s64)acc, SW_SCALE_SHIFT - (Q_RES - Q_ACT)));
-	} else if (ya) {
-		*(ARENA_PTR(s32, ya) + l) = v;
-	}
-	return (s64)v * 8 + (7 - l);
+	return (s64)finish_row_q16((s64)acc, ya, l, mode == SW_MODE_ACCUMULATE) * 8 + (7 - l);
 }
 
 /* A row block's words unpacked once for a batch: u[(4 q + c) * 2 + h] = (w[q][h] >> c * cb) & m

@@ -62,7 +62,7 @@
 //! - Memory per weight: W4A8 0.5 byte + 1/8 byte of scale, W8A16 1 + 1/8 (Q24 i32: 4 bytes).
 //! - Speed on the 2-vCPU EPYC this was written on, one thread, 3072×1024 and 1024×3072:
 //!   plain Q24 `matvec` ~2.0 GMAC/s, `w4a8_matvec` ~9.2 (4.6×), `w8a16_matvec` ~4.5 (2.3×);
-//!   `cargo test --release --test swar_twins -- --ignored --nocapture gmacs`.
+//!   `cargo bench --bench swar`.
 
 use std::ops::Range;
 
