@@ -26,8 +26,8 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use qwen_bpf::run::event::request_datagram;
 use qwen_bpf::kernel::syscalls::BpfSyscalls;
+use qwen_bpf::run::event::request_datagram;
 use qwen_bpf::{
     Backend, Config, Dispatch, Error, Event, EventConfig, FinishReason, GenerateOptions, KvFormat,
     Model, ModelOptions, Result, SamplingParams, TextStream, Tokenizer,

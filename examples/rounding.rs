@@ -27,8 +27,8 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use qwen_bpf::hf::checkpoint::tensor_specs;
-use qwen_bpf::verify::reference::{self, Reference};
 use qwen_bpf::num::swar::{self, PackedMatrix};
+use qwen_bpf::verify::reference::{self, Reference};
 use qwen_bpf::{Checkpoint, Error, Result};
 
 #[derive(Debug, Parser)]

@@ -24,7 +24,12 @@ fn cargo_doc_of_the_public_api_has_no_warning() {
     let index = target.join("doc").join("qwen_bpf").join("index.html");
     let html = std::fs::read_to_string(&index).expect("the crate's doc page");
     // the public API is on the page and the internals are not
-    for item in ["struct.Model", "struct.ModelOptions", "struct.Tokenizer", "trait.Forward"] {
+    for item in [
+        "struct.Model",
+        "struct.ModelOptions",
+        "struct.Tokenizer",
+        "trait.Forward",
+    ] {
         assert!(
             html.contains(&format!("href=\"{item}.html\"")),
             "{item} missing from {}",
@@ -32,6 +37,9 @@ fn cargo_doc_of_the_public_api_has_no_warning() {
         );
     }
     for hidden in ["mod.kernel", "mod.num", "mod.store"] {
-        assert!(!html.contains(hidden), "internal module {hidden} on the doc page");
+        assert!(
+            !html.contains(hidden),
+            "internal module {hidden} on the doc page"
+        );
     }
 }

@@ -13,51 +13,187 @@ use qwen_bpf::run::{event, in_kernel};
 fn every_constant_shared_by_c_and_rust_is_the_same_on_both_sides() {
     let mut ops = Ops::load(1 << 16).expect("load the operator programs");
     let c = ops.constants().expect("run the constants program");
-    let names = c.op_names.iter().take_while(|&&b| b != 0).map(|&b| b as u8 as char);
+    let names = c
+        .op_names
+        .iter()
+        .take_while(|&&b| b != 0)
+        .map(|&b| b as u8 as char);
     assert_eq!(
         names.collect::<String>(),
         plan::OPS.join(","),
         "operator ids and order: PLAN_OPS in src/bpf/plan.inc.c vs OPS in src/kernel/plan.rs"
     );
     let pairs: &[(&str, i64, i64)] = &[
-        ("OP_COUNT vs OPS.len()", c.op_count as i64, plan::OPS.len() as i64),
-        ("PLAN_ARGS_WORDS vs plan::ARGS_WORDS", c.plan_args_words as i64, plan::ARGS_WORDS as i64),
-        ("PLAN_PATCHES vs plan::PATCHES", c.plan_patches as i64, plan::PATCHES as i64),
-        ("PLAN_THREADS_MAX vs plan::THREADS_MAX", c.plan_threads_max as i64, plan::THREADS_MAX as i64),
-        ("PLAN_SYNC vs plan::SYNC", c.plan_sync as i64, plan::SYNC as i64),
-        ("PLAN_HEAD vs plan::HEAD", c.plan_head as i64, plan::HEAD as i64),
-        ("PLAN_VAR_TOKEN vs plan::Var::Token", c.plan_var_token as i64, plan::Var::Token as i64),
-        ("PLAN_VAR_POS vs plan::Var::Pos", c.plan_var_pos as i64, plan::Var::Pos as i64),
-        ("PLAN_E_BARRIER vs plan::E_BARRIER", c.plan_e_barrier as i64, plan::E_BARRIER as i64),
-        ("PLAN_E_ARGS vs plan::E_ARGS", c.plan_e_args as i64, plan::E_ARGS as i64),
-        ("sizeof(struct plan_slot) vs plan::Slot", c.slot_bytes as i64, std::mem::size_of::<plan::Slot>() as i64),
-        ("EV_SLOTS_MAX vs event::SLOTS_MAX", c.ev_slots_max as i64, event::SLOTS_MAX as i64),
-        ("EV_PROMPT_MAX vs event::PROMPT_MAX", c.ev_prompt_max as i64, event::PROMPT_MAX as i64),
-        ("EV_MAGIC vs event::MAGIC", c.ev_magic as i64, event::MAGIC as i64),
-        ("EV_SOURCES_MAX vs event::SOURCES_MAX", c.ev_sources_max as i64, event::SOURCES_MAX as i64),
-        ("REC_TOKEN vs ring::REC_TOKEN", c.rec_token as i64, ring::REC_TOKEN as i64),
-        ("REC_DONE vs ring::REC_DONE", c.rec_done as i64, ring::REC_DONE as i64),
-        ("REC_REFUSED vs ring::REC_REFUSED", c.rec_refused as i64, ring::REC_REFUSED as i64),
-        ("EV_R_BUSY vs event::R_BUSY", c.ev_r_busy as i64, event::R_BUSY as i64),
-        ("EV_R_MALFORMED vs event::R_MALFORMED", c.ev_r_malformed as i64, event::R_MALFORMED as i64),
-        ("EV_R_TOKEN vs event::R_TOKEN", c.ev_r_token as i64, event::R_TOKEN as i64),
-        ("EV_R_LIMIT vs event::R_LIMIT", c.ev_r_limit as i64, event::R_LIMIT as i64),
-        ("GEN_STOPS_MAX vs in_kernel::STOPS_MAX", c.gen_stops_max as i64, in_kernel::STOPS_MAX as i64),
-        ("GEN_TEXT_MAX vs ring::TEXT_MAX", c.gen_text_max as i64, ring::TEXT_MAX as i64),
-        ("GEN_MORE vs in_kernel::GEN_MORE", c.gen_more as i64, in_kernel::GEN_MORE as i64),
-        ("GEN_STOP vs in_kernel::GEN_STOP", c.gen_stop as i64, in_kernel::GEN_STOP as i64),
-        ("GEN_MAX vs in_kernel::GEN_MAX", c.gen_max as i64, in_kernel::GEN_MAX as i64),
-        ("GEN_FULL vs in_kernel::GEN_FULL", c.gen_full as i64, in_kernel::GEN_FULL as i64),
-        ("SW_GROUP vs swar::GROUP", c.sw_group as i64, swar::GROUP as i64),
-        ("SW_SCALE_SHIFT vs swar::SCALE_SHIFT", c.sw_scale_shift as i64, swar::SCALE_SHIFT as i64),
-        ("SW_KMAX vs swar::K_MAX", c.sw_kmax as i64, swar::K_MAX as i64),
+        (
+            "OP_COUNT vs OPS.len()",
+            c.op_count as i64,
+            plan::OPS.len() as i64,
+        ),
+        (
+            "PLAN_ARGS_WORDS vs plan::ARGS_WORDS",
+            c.plan_args_words as i64,
+            plan::ARGS_WORDS as i64,
+        ),
+        (
+            "PLAN_PATCHES vs plan::PATCHES",
+            c.plan_patches as i64,
+            plan::PATCHES as i64,
+        ),
+        (
+            "PLAN_THREADS_MAX vs plan::THREADS_MAX",
+            c.plan_threads_max as i64,
+            plan::THREADS_MAX as i64,
+        ),
+        (
+            "PLAN_SYNC vs plan::SYNC",
+            c.plan_sync as i64,
+            plan::SYNC as i64,
+        ),
+        (
+            "PLAN_HEAD vs plan::HEAD",
+            c.plan_head as i64,
+            plan::HEAD as i64,
+        ),
+        (
+            "PLAN_VAR_TOKEN vs plan::Var::Token",
+            c.plan_var_token as i64,
+            plan::Var::Token as i64,
+        ),
+        (
+            "PLAN_VAR_POS vs plan::Var::Pos",
+            c.plan_var_pos as i64,
+            plan::Var::Pos as i64,
+        ),
+        (
+            "PLAN_E_BARRIER vs plan::E_BARRIER",
+            c.plan_e_barrier as i64,
+            plan::E_BARRIER as i64,
+        ),
+        (
+            "PLAN_E_ARGS vs plan::E_ARGS",
+            c.plan_e_args as i64,
+            plan::E_ARGS as i64,
+        ),
+        (
+            "sizeof(struct plan_slot) vs plan::Slot",
+            c.slot_bytes as i64,
+            std::mem::size_of::<plan::Slot>() as i64,
+        ),
+        (
+            "EV_SLOTS_MAX vs event::SLOTS_MAX",
+            c.ev_slots_max as i64,
+            event::SLOTS_MAX as i64,
+        ),
+        (
+            "EV_PROMPT_MAX vs event::PROMPT_MAX",
+            c.ev_prompt_max as i64,
+            event::PROMPT_MAX as i64,
+        ),
+        (
+            "EV_MAGIC vs event::MAGIC",
+            c.ev_magic as i64,
+            event::MAGIC as i64,
+        ),
+        (
+            "EV_SOURCES_MAX vs event::SOURCES_MAX",
+            c.ev_sources_max as i64,
+            event::SOURCES_MAX as i64,
+        ),
+        (
+            "REC_TOKEN vs ring::REC_TOKEN",
+            c.rec_token as i64,
+            ring::REC_TOKEN as i64,
+        ),
+        (
+            "REC_DONE vs ring::REC_DONE",
+            c.rec_done as i64,
+            ring::REC_DONE as i64,
+        ),
+        (
+            "REC_REFUSED vs ring::REC_REFUSED",
+            c.rec_refused as i64,
+            ring::REC_REFUSED as i64,
+        ),
+        (
+            "EV_R_BUSY vs event::R_BUSY",
+            c.ev_r_busy as i64,
+            event::R_BUSY as i64,
+        ),
+        (
+            "EV_R_MALFORMED vs event::R_MALFORMED",
+            c.ev_r_malformed as i64,
+            event::R_MALFORMED as i64,
+        ),
+        (
+            "EV_R_TOKEN vs event::R_TOKEN",
+            c.ev_r_token as i64,
+            event::R_TOKEN as i64,
+        ),
+        (
+            "EV_R_LIMIT vs event::R_LIMIT",
+            c.ev_r_limit as i64,
+            event::R_LIMIT as i64,
+        ),
+        (
+            "GEN_STOPS_MAX vs in_kernel::STOPS_MAX",
+            c.gen_stops_max as i64,
+            in_kernel::STOPS_MAX as i64,
+        ),
+        (
+            "GEN_TEXT_MAX vs ring::TEXT_MAX",
+            c.gen_text_max as i64,
+            ring::TEXT_MAX as i64,
+        ),
+        (
+            "GEN_MORE vs in_kernel::GEN_MORE",
+            c.gen_more as i64,
+            in_kernel::GEN_MORE as i64,
+        ),
+        (
+            "GEN_STOP vs in_kernel::GEN_STOP",
+            c.gen_stop as i64,
+            in_kernel::GEN_STOP as i64,
+        ),
+        (
+            "GEN_MAX vs in_kernel::GEN_MAX",
+            c.gen_max as i64,
+            in_kernel::GEN_MAX as i64,
+        ),
+        (
+            "GEN_FULL vs in_kernel::GEN_FULL",
+            c.gen_full as i64,
+            in_kernel::GEN_FULL as i64,
+        ),
+        (
+            "SW_GROUP vs swar::GROUP",
+            c.sw_group as i64,
+            swar::GROUP as i64,
+        ),
+        (
+            "SW_SCALE_SHIFT vs swar::SCALE_SHIFT",
+            c.sw_scale_shift as i64,
+            swar::SCALE_SHIFT as i64,
+        ),
+        (
+            "SW_KMAX vs swar::K_MAX",
+            c.sw_kmax as i64,
+            swar::K_MAX as i64,
+        ),
         ("KV8_QMAX vs kv8::QMAX", c.kv8_qmax as i64, kv8::QMAX as i64),
-        ("KV8_HD_MAX vs kv8::HD_MAX", c.kv8_hd_max as i64, kv8::HD_MAX as i64),
+        (
+            "KV8_HD_MAX vs kv8::HD_MAX",
+            c.kv8_hd_max as i64,
+            kv8::HD_MAX as i64,
+        ),
     ];
     let differ: Vec<String> = pairs
         .iter()
         .filter(|(_, c, rust)| c != rust)
         .map(|(what, c, rust)| format!("{what}: C {c}, Rust {rust}"))
         .collect();
-    assert!(differ.is_empty(), "constants that differ:\n{}", differ.join("\n"));
+    assert!(
+        differ.is_empty(),
+        "constants that differ:\n{}",
+        differ.join("\n")
+    );
 }

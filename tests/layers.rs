@@ -40,7 +40,12 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// The top-level module a file of `src/` belongs to (`src/num/fixed.rs` → `num`).
 fn module_of(src: &Path, file: &Path) -> String {
     let rel = file.strip_prefix(src).unwrap();
-    let first = rel.components().next().unwrap().as_os_str().to_string_lossy();
+    let first = rel
+        .components()
+        .next()
+        .unwrap()
+        .as_os_str()
+        .to_string_lossy();
     first.trim_end_matches(".rs").to_string()
 }
 
@@ -48,7 +53,10 @@ fn module_of(src: &Path, file: &Path) -> String {
 fn reexports(lib: &str) -> BTreeMap<String, String> {
     let mut map = BTreeMap::new();
     for stmt in lib.split(';') {
-        let Some(rest) = stmt.rfind("pub use ").map(|i| &stmt[i + "pub use ".len()..]) else {
+        let Some(rest) = stmt
+            .rfind("pub use ")
+            .map(|i| &stmt[i + "pub use ".len()..])
+        else {
             continue;
         };
         let module = rest.split("::").next().unwrap().trim().to_string();
@@ -152,7 +160,10 @@ fn no_module_uses_a_layer_above_its_own_and_the_layers_form_no_circle() {
         let mut stack = vec![start.clone()];
         while let Some(m) = stack.pop() {
             for (_, to) in edges.iter().filter(|(a, _)| *a == m) {
-                assert!(to != start, "a dependency circle through `{start}` and `{m}`");
+                assert!(
+                    to != start,
+                    "a dependency circle through `{start}` and `{m}`"
+                );
                 if seen.insert(to.clone()) {
                     stack.push(to.clone());
                 }
@@ -168,7 +179,10 @@ fn the_layer_scan_sees_imports_groups_and_reexported_names() {
         crate_paths("use crate::{Config, Error, Result};"),
         ["Config", "Error", "Result"]
     );
-    assert_eq!(crate_paths("let x = crate::run::event::MAGIC + qwen_bpf_crate::y;"), ["run"]);
+    assert_eq!(
+        crate_paths("let x = crate::run::event::MAGIC + qwen_bpf_crate::y;"),
+        ["run"]
+    );
     let names = reexports("pub use model::{KernelMemory, Model};\npub use types::Backend;");
     assert_eq!(names["Model"], "model");
     assert_eq!(names["Backend"], "types");

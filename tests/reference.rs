@@ -70,10 +70,16 @@ fn reset_reproduces_identical_logits() {
     let ck = Checkpoint::open(&dir).expect("open checkpoint");
     let seq = tokens(ck.config.vocab_size);
     let mut r = Reference::new(&ck, SEQ_LEN).expect("load reference");
-    let first: Vec<Vec<f32>> = seq.iter().map(|&t| r.forward(t).unwrap().to_vec()).collect();
+    let first: Vec<Vec<f32>> = seq
+        .iter()
+        .map(|&t| r.forward(t).unwrap().to_vec())
+        .collect();
     r.reset();
     assert_eq!(r.position(), 0);
-    let second: Vec<Vec<f32>> = seq.iter().map(|&t| r.forward(t).unwrap().to_vec()).collect();
+    let second: Vec<Vec<f32>> = seq
+        .iter()
+        .map(|&t| r.forward(t).unwrap().to_vec())
+        .collect();
     for (pos, (a, b)) in first.iter().zip(&second).enumerate() {
         assert!(a == b, "position {pos}: logits after reset differ");
     }

@@ -312,7 +312,9 @@ fn bad_tokens_empty_prompts_and_overflow_are_typed_and_change_nothing() {
             tokens: 5,
             ..
         }) => {}
-        other => panic!("5 tokens into a context of 4: want ContextOverflow naming the 5, got {other:?}"),
+        other => {
+            panic!("5 tokens into a context of 4: want ContextOverflow naming the 5, got {other:?}")
+        }
     }
     assert_eq!(m.position(), 0, "rejected input must not advance the model");
 

@@ -25,8 +25,8 @@ use std::time::Instant;
 use candle_core::{DType, Device, Result as CResult, Tensor, Var, D};
 use candle_nn::{AdamW, Optimizer, ParamsAdamW};
 use clap::Parser;
-use qwen_bpf::hf::synth::Preset;
 use qwen_bpf::hf::checkpoint::tensor_specs;
+use qwen_bpf::hf::synth::Preset;
 use qwen_bpf::{Checkpoint, Config, Reference};
 
 type Res<T> = std::result::Result<T, Box<dyn std::error::Error>>;
