@@ -13,7 +13,23 @@
  * malformed ones, so that every datagram to the port is answered or counted.
  *
  * Slots run on the CPU whose workqueue they were queued on (the CPU that received the datagram),
- * so requests sent from different CPUs are served at once. */
+ * so requests sent from different CPUs are served at once.
+ *
+ * With EV_F_REPLY (an installed model: src/run/serve.rs) the program answers every datagram to
+ * the port itself: it rewrites the received frame into the reply (Ethernet addresses, IPv4
+ * addresses and UDP ports swapped, lengths set, the IPv4 checksum recomputed, UDP checksum 0)
+ * and sends it back with XDP_TX. A request is answered ACCEPTED or REFUSED (with a reason); a
+ * POLL datagram from the address and port that made a request gets the request's text bytes
+ * since an offset, which the workqueue generation appends to the slot's text buffer in the arena,
+ * and once the generation is over its FINAL record. A slot whose client has not polled for
+ * ev_cfg.timeout_ns is given back: by its worker while it runs, by the next request looking for a
+ * slot once it has finished (a finished slot whose FINAL record was sent is free to take at once).
+ * The wire format is in docs/in-kernel.md.
+ *
+ * A reply is never longer than the datagram it answers (a poll is padded to the room its client
+ * wants for text), except a REFUSED reply to a datagram shorter than it: frames grown with
+ * bpf_xdp_adjust_tail were lost, every other one, after XDP_TX on a veth in native mode (Linux
+ * 6.18), where shrunk and same-size ones all arrived. */
 #pragma once
 
 #define EV_SLOTS_MAX PLAN_THREADS_MAX
@@ -21,7 +37,9 @@
 #define EV_MAGIC 0x46504251     /* "QBPF" */
 #define EV_SOURCES_MAX 4
 #define EV_FREE 0
-#define EV_BUSY 1
+#define EV_BUSY 1     /* generating */
+#define EV_DONE 2     /* finished, its text and outcome kept for polls (EV_F_REPLY) */
+#define EV_CLAIMED 3  /* being set up by the XDP program that claimed it */
 
 /* Record kinds (struct gen_token's kind) and refusal reasons (its id). */
 #define REC_TOKEN 0
@@ -31,6 +49,28 @@
 #define EV_R_MALFORMED 2
 #define EV_R_TOKEN 3  /* a token id at or past the vocabulary */
 #define EV_R_LIMIT 4  /* too many prompt tokens or new tokens */
+#define EV_R_UNKNOWN 5 /* a poll for no request this address and port made (or one given back) */
+#define EV_R_OFFSET 6 /* a poll past the text generated so far */
+#define EV_REASONS 8
+
+/* Replies (EV_F_REPLY): little-endian u32 words, then text bytes; docs/in-kernel.md. */
+#define EV_POLL_MAGIC 0x4C504251  /* "QBPL": a poll datagram */
+#define EV_REPLY_MAGIC 0x52504251 /* "QBPR": every reply */
+#define EV_K_ACCEPTED 1
+#define EV_K_REFUSED 2
+#define EV_K_TEXT 3
+#define EV_K_FINAL 4
+#define EV_TEXT_REPLY_MAX 1024    /* text bytes one reply carries */
+#define EV_POLL_MIN 32            /* a poll's least payload: room for the FINAL record */
+#define EV_FIN_STOP 1             /* FINAL's finish: a stop token (detail: its id) */
+#define EV_FIN_MAX_TOKENS 2       /* max_new tokens */
+#define EV_FIN_CONTEXT 3          /* the context is full */
+#define EV_FIN_LENGTH 4           /* the slot's text buffer is full */
+#define EV_FIN_ERROR 5            /* the kernel failed it (detail: the error code) */
+
+/* ev_config.flags */
+#define EV_F_RING 1  /* ring-buffer records for a reader (Model::serve_events) */
+#define EV_F_REPLY 2 /* answer with XDP_TX; keep each slot's text for polls */
 
 /* What is served; written by user space through the mapped .bss before attaching. */
 struct ev_config {
@@ -42,22 +82,49 @@ struct ev_config {
 	u32 max_new;     /* the most new tokens a request may ask for */
 	u32 max_prompt;  /* the most prompt tokens (<= EV_PROMPT_MAX and the context) */
 	u32 n_slots;     /* request slots (contexts), <= EV_SLOTS_MAX */
+	u32 flags;       /* EV_F_* */
+	u64 timeout_ns;  /* EV_F_REPLY: a slot whose client has not polled this long is given back */
 };
 struct ev_config ev_cfg;
 
-/* Counters (.bss): every datagram to the port ends in exactly one of them. */
+/* Counters (.bss): every request datagram to the port ends in exactly one of the first three. */
 u64 ev_accepted, ev_refused_busy, ev_refused_invalid, ev_done;
+/* EV_F_REPLY: refusals by reason (EV_R_*, polls' included), polls answered, requests repeated
+ * (answered ACCEPTED again, not started again), tokens generated, slots given back after the
+ * timeout, replies that could not be built (the frame could not be resized). */
+u64 ev_refusals[EV_REASONS], ev_polls, ev_repeats, ev_tokens, ev_reclaimed, ev_reply_failed;
 
 /* Each slot's generation before a request: its context's plan, prompt and KV (user space). */
 struct gen_args ev_template[EV_SLOTS_MAX];
 
 struct ev_slot {
 	struct bpf_wq wq;
-	u32 state;              /* EV_FREE or EV_BUSY */
+	u32 state;              /* EV_FREE, EV_BUSY, EV_DONE or EV_CLAIMED */
 	u32 started;            /* the prompt has been copied to the arena */
 	struct gen_args args;
 	u32 prompt[EV_PROMPT_MAX];
+	/* EV_F_REPLY: who may poll, and how it ended */
+	u32 client_addr;        /* the requester's IPv4 address, network order */
+	u32 client_port;        /* its UDP port, host order */
+	u32 request;
+	s32 finish;             /* once EV_DONE: GEN_* or a negative plan error */
+	u32 delivered;          /* the FINAL record was sent */
+	u32 cancel;             /* give the slot back at the worker's next round */
+	u64 last_ns;            /* the request or its last poll (bpf_ktime_get_ns) */
 };
+
+/* One reply's payload, built here before it is copied into the frame. */
+struct ev_out {
+	u32 w[8];
+	u8 text[EV_TEXT_REPLY_MAX];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct ev_out);
+} ev_out SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -91,6 +158,7 @@ static __always_inline void ev_record(u32 kind, u32 id, u32 request, u32 pos)
 static int ev_work(void *map, int *key, void *value)
 {
 	struct ev_slot *s = value;
+	u32 before;
 	int r;
 
 	USE_ARENA(arena);
@@ -101,15 +169,32 @@ static int ev_work(void *map, int *key, void *value)
 			p[i] = s->prompt[i];
 		s->started = 1;
 	}
+	if ((ev_cfg.flags & EV_F_REPLY) &&
+	    (s->cancel || bpf_ktime_get_ns() - s->last_ns > ev_cfg.timeout_ns)) {
+		/* its client stopped polling: the slot is given back unfinished */
+		__sync_fetch_and_add(&ev_reclaimed, 1);
+		__sync_fetch_and_add(&ev_done, 1);
+		__sync_lock_test_and_set(&s->state, EV_FREE);
+		return 0;
+	}
+	before = s->args.generated;
 	r = gen_run(&s->args);
+	__sync_fetch_and_add(&ev_tokens, s->args.generated - before);
 	if (r == 0 && s->args.status == GEN_MORE) {
 		bpf_wq_start(&s->wq, 0);
 		return 0;
 	}
 	/* pos carries the last token generated: the stop token when it stopped */
-	ev_record(REC_DONE, r ? (u32)r : (u32)s->args.status, s->args.request, s->args.next);
+	if (ev_cfg.flags & EV_F_RING)
+		ev_record(REC_DONE, r ? (u32)r : (u32)s->args.status, s->args.request, s->args.next);
 	__sync_fetch_and_add(&ev_done, 1);
-	__sync_lock_test_and_set(&s->state, EV_FREE);
+	if (ev_cfg.flags & EV_F_REPLY) {
+		/* the outcome before the state (an exchange: a full barrier) */
+		s->finish = r ? r : s->args.status;
+		__sync_lock_test_and_set(&s->state, EV_DONE);
+	} else {
+		__sync_lock_test_and_set(&s->state, EV_FREE);
+	}
 	return 0;
 }
 
@@ -133,24 +218,278 @@ struct ev_head {
 	u32 magic, request, max_new, n;
 };
 
-/* Refuses a datagram: counted, and a record for its request. */
-static __always_inline int ev_refuse(u32 reason, u32 request)
+struct ev_poll {
+	u32 magic, request, offset;
+};
+
+#define EV_HDR (14 + 20 + 8) /* Ethernet, IPv4 without options, UDP */
+
+/* The frame as the reply: `payload` bytes of UDP payload after the headers of the datagram
+ * received (`hdr`), with addresses and ports swapped. Returns XDP_TX, or XDP_DROP (counted) when
+ * the frame cannot be resized. The payload is written by the caller after this. */
+static __always_inline int ev_frame(struct xdp_md *ctx, const u8 *hdr, u32 payload)
 {
-	if (reason == EV_R_BUSY)
-		__sync_fetch_and_add(&ev_refused_busy, 1);
-	else
-		__sync_fetch_and_add(&ev_refused_invalid, 1);
-	ev_record(REC_REFUSED, reason, request, 0);
+	u8 out[EV_HDR];
+	u32 sum = 0, ip_len = 20 + 8 + payload, udp_len = 8 + payload;
+	int cur = bpf_xdp_get_buff_len(ctx);
+
+	if (bpf_xdp_adjust_tail(ctx, (int)(EV_HDR + payload) - cur)) {
+		__sync_fetch_and_add(&ev_reply_failed, 1);
+		return XDP_DROP;
+	}
+	for (int i = 0; i < 6; i++) {
+		out[i] = hdr[6 + i];
+		out[6 + i] = hdr[i];
+	}
+	out[12] = hdr[12];
+	out[13] = hdr[13];
+	for (int i = 14; i < 34; i++)
+		out[i] = hdr[i];
+	out[14 + 2] = ip_len >> 8;
+	out[14 + 3] = ip_len;
+	out[14 + 6] &= 0x40; /* keep DF; not a fragment */
+	out[14 + 7] = 0;
+	out[14 + 8] = 64;    /* TTL */
+	out[14 + 10] = 0;
+	out[14 + 11] = 0;
+	for (int i = 0; i < 4; i++) {
+		out[14 + 12 + i] = hdr[14 + 16 + i];
+		out[14 + 16 + i] = hdr[14 + 12 + i];
+	}
+	for (int i = 0; i < 20; i += 2)
+		sum += (u32)out[14 + i] << 8 | out[14 + i + 1];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	out[14 + 10] = ~sum >> 8;
+	out[14 + 11] = ~sum;
+	out[34 + 0] = hdr[34 + 2];
+	out[34 + 1] = hdr[34 + 3];
+	out[34 + 2] = hdr[34 + 0];
+	out[34 + 3] = hdr[34 + 1];
+	out[34 + 4] = udp_len >> 8;
+	out[34 + 5] = udp_len;
+	out[34 + 6] = 0; /* no UDP checksum: legal for IPv4 */
+	out[34 + 7] = 0;
+	if (bpf_xdp_store_bytes(ctx, 0, out, sizeof(out))) {
+		__sync_fetch_and_add(&ev_reply_failed, 1);
+		return XDP_DROP;
+	}
+	return XDP_TX;
+}
+
+/* A reply of `words` u32 words (at most 8) from o->w and `n` text bytes from o->text. */
+static __always_inline int ev_send(struct xdp_md *ctx, const u8 *hdr, struct ev_out *o, u32 words,
+				   u32 n)
+{
+	u32 hlen = words * 4;
+	int act;
+
+	if (hlen > sizeof(o->w) || n > EV_TEXT_REPLY_MAX)
+		return XDP_DROP;
+	act = ev_frame(ctx, hdr, hlen + n);
+	if (act != XDP_TX)
+		return act;
+	if (bpf_xdp_store_bytes(ctx, EV_HDR, o->w, hlen))
+		goto failed;
+	/* the size as the verifier must see it: 1 to EV_TEXT_REPLY_MAX, checked on the register
+	 * passed (clang would otherwise test a value it derived n from) */
+	asm volatile("" : "+r"(n));
+	if (n >= 1 && n <= EV_TEXT_REPLY_MAX && bpf_xdp_store_bytes(ctx, EV_HDR + hlen, o->text, n))
+		goto failed;
+	return XDP_TX;
+failed:
+	__sync_fetch_and_add(&ev_reply_failed, 1);
 	return XDP_DROP;
+}
+
+/* A five-word reply: magic, kind, request, a, b. */
+static __always_inline int ev_answer(struct xdp_md *ctx, const u8 *hdr, u32 kind, u32 request,
+				     u32 a, u32 b)
+{
+	u32 zero = 0;
+	struct ev_out *o = bpf_map_lookup_elem(&ev_out, &zero);
+
+	if (!o)
+		return XDP_DROP;
+	o->w[0] = EV_REPLY_MAGIC;
+	o->w[1] = kind;
+	o->w[2] = request;
+	o->w[3] = a;
+	o->w[4] = b;
+	return ev_send(ctx, hdr, o, 5, 0);
+}
+
+/* Refuses a datagram: counted, a record for its request (EV_F_RING), a REFUSED reply
+ * (EV_F_REPLY). Polls are refused here too, counted by reason only. */
+static __always_inline int ev_refuse_as(struct xdp_md *ctx, const u8 *hdr, u32 reason,
+					u32 request, int poll)
+{
+	if (!poll) {
+		if (reason == EV_R_BUSY)
+			__sync_fetch_and_add(&ev_refused_busy, 1);
+		else
+			__sync_fetch_and_add(&ev_refused_invalid, 1);
+	}
+	__sync_fetch_and_add(&ev_refusals[reason & (EV_REASONS - 1)], 1);
+	if (ev_cfg.flags & EV_F_RING)
+		ev_record(REC_REFUSED, reason, request, 0);
+	if (ev_cfg.flags & EV_F_REPLY)
+		return ev_answer(ctx, hdr, EV_K_REFUSED, request, reason, 0);
+	return XDP_DROP;
+}
+
+#define ev_refuse(reason, request) ev_refuse_as(ctx, hdr, reason, request, 0)
+
+/* The slot of request `request` from addr:port, running or finished; EV_SLOTS_MAX if none. */
+static __always_inline u32 ev_find(u32 request, u32 addr, u32 port)
+{
+	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
+		u32 k = i, st;
+		struct ev_slot *c;
+
+		if (i >= ev_cfg.n_slots)
+			break;
+		c = bpf_map_lookup_elem(&ev_slots, &k);
+		if (!c)
+			break;
+		st = *(volatile u32 *)&c->state;
+		if ((st == EV_BUSY || st == EV_DONE) && c->request == request &&
+		    c->client_addr == addr && c->client_port == port)
+			return i;
+	}
+	return EV_SLOTS_MAX;
+}
+
+/* The FINAL record's finish code and detail for a slot's outcome. */
+static __always_inline void ev_finish(struct ev_slot *s, u32 *finish, u32 *detail)
+{
+	*detail = 0;
+	switch (s->finish) {
+	case GEN_STOP:
+		*finish = EV_FIN_STOP;
+		*detail = s->args.next;
+		break;
+	case GEN_MAX:
+		*finish = EV_FIN_MAX_TOKENS;
+		break;
+	case GEN_FULL:
+		*finish = EV_FIN_CONTEXT;
+		break;
+	case GEN_LENGTH:
+		*finish = EV_FIN_LENGTH;
+		break;
+	default:
+		*finish = EV_FIN_ERROR;
+		*detail = (u32)s->finish;
+	}
+}
+
+/* A poll: the text of the request since the offset, or its FINAL record once it is over. */
+static __noinline int ev_poll(struct xdp_md *ctx, const u8 *hdr, u32 src, u32 sport, u32 len)
+{
+	u32 zero = 0, slot, st, text, n, fin, detail;
+	struct ev_poll p;
+	struct ev_slot *s;
+	struct ev_out *o;
+	const u8 __arena *from;
+
+	USE_ARENA(arena);
+	/* the reply is never longer than the poll (see the top): it must have room for FINAL */
+	if (len < 8 + EV_POLL_MIN || bpf_xdp_load_bytes(ctx, EV_HDR, &p, sizeof(p)))
+		return ev_refuse_as(ctx, hdr, EV_R_MALFORMED, 0, 1);
+	slot = ev_find(p.request, src, sport);
+	if (slot >= EV_SLOTS_MAX)
+		return ev_refuse_as(ctx, hdr, EV_R_UNKNOWN, p.request, 1);
+	s = bpf_map_lookup_elem(&ev_slots, &slot);
+	o = bpf_map_lookup_elem(&ev_out, &zero);
+	if (!s || !o)
+		return XDP_DROP;
+	s->last_ns = bpf_ktime_get_ns();
+	/* the state before the length: a finished slot's length is final */
+	st = __sync_fetch_and_add(&s->state, 0);
+	text = __sync_fetch_and_add(&s->args.text_len, 0);
+	if (p.offset > text || text > s->args.text_cap)
+		return ev_refuse_as(ctx, hdr, EV_R_OFFSET, p.request, 1);
+	__sync_fetch_and_add(&ev_polls, 1);
+	o->w[0] = EV_REPLY_MAGIC;
+	o->w[2] = p.request;
+	o->w[3] = p.offset;
+	if (p.offset == text && st == EV_DONE) {
+		ev_finish(s, &fin, &detail);
+		o->w[1] = EV_K_FINAL;
+		o->w[4] = fin;
+		o->w[5] = s->args.n_prompt;
+		o->w[6] = s->args.generated;
+		o->w[7] = detail;
+		s->delivered = 1;
+		return ev_send(ctx, hdr, o, 8, 0);
+	}
+	n = text - p.offset;
+	if (n > EV_TEXT_REPLY_MAX)
+		n = EV_TEXT_REPLY_MAX;
+	if (n > len - 8 - 20) /* what fits the poll's own size */
+		n = len - 8 - 20;
+	from = ARENA_PTR(const u8, s->args.text + p.offset);
+	for (u32 i = 0; i < EV_TEXT_REPLY_MAX && can_loop; i++) {
+		if (i >= n)
+			break;
+		o->text[i] = from[i];
+	}
+	o->w[1] = EV_K_TEXT;
+	o->w[4] = n;
+	return ev_send(ctx, hdr, o, 5, n);
+}
+
+/* Claims a slot for a new request: a free one, else (EV_F_REPLY) a finished one whose FINAL
+ * record was sent or whose client stopped polling. A running slot whose client stopped polling
+ * is told to stop; its worker gives it back. EV_SLOTS_MAX if none. */
+static __always_inline u32 ev_claim(void)
+{
+	u64 now = bpf_ktime_get_ns();
+
+	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
+		u32 k = i;
+		struct ev_slot *c;
+
+		if (i >= ev_cfg.n_slots)
+			break;
+		c = bpf_map_lookup_elem(&ev_slots, &k);
+		if (c && __sync_val_compare_and_swap(&c->state, EV_FREE, EV_CLAIMED) == EV_FREE)
+			return i;
+	}
+	if (!(ev_cfg.flags & EV_F_REPLY))
+		return EV_SLOTS_MAX;
+	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
+		u32 k = i, st;
+		struct ev_slot *c;
+		int stale;
+
+		if (i >= ev_cfg.n_slots)
+			break;
+		c = bpf_map_lookup_elem(&ev_slots, &k);
+		if (!c)
+			break;
+		stale = now - *(volatile u64 *)&c->last_ns > ev_cfg.timeout_ns;
+		st = *(volatile u32 *)&c->state;
+		if (st == EV_BUSY && stale)
+			c->cancel = 1;
+		if (st == EV_DONE && (stale || c->delivered) &&
+		    __sync_val_compare_and_swap(&c->state, EV_DONE, EV_CLAIMED) == EV_DONE) {
+			if (stale && !c->delivered)
+				__sync_fetch_and_add(&ev_reclaimed, 1);
+			return i;
+		}
+	}
+	return EV_SLOTS_MAX;
 }
 
 SEC("xdp")
 int ev_xdp(struct xdp_md *ctx)
 {
-	u8 hdr[14 + 20 + 8];
+	u8 hdr[EV_HDR];
 	struct ev_head h;
 	struct ev_slot *s = 0;
-	u32 ihl, off, len, src, dport, bytes, ok = 0, slot = 0;
+	u32 ihl, off, len, src, sport, dport, bytes, magic, ok = 0, slot = 0, dup;
 
 	if (ctx->ingress_ifindex != ev_cfg.ifindex)
 		return XDP_PASS;
@@ -172,8 +511,12 @@ int ev_xdp(struct xdp_md *ctx)
 	if (!ok)
 		return XDP_PASS;
 	/* ours from here: every path below is counted */
-	off = 14 + 20 + 8;
+	sport = (u32)hdr[14 + 20 + 0] << 8 | hdr[14 + 20 + 1];
+	off = EV_HDR;
 	len = ((u32)hdr[14 + 20 + 4] << 8 | hdr[14 + 20 + 5]); /* UDP length: header + payload */
+	if ((ev_cfg.flags & EV_F_REPLY) && len >= 8 + 4 && !bpf_xdp_load_bytes(ctx, off, &magic, 4) &&
+	    magic == EV_POLL_MAGIC)
+		return ev_poll(ctx, hdr, src, sport, len);
 	if (len < 8 + sizeof(h) || bpf_xdp_load_bytes(ctx, off, &h, sizeof(h)))
 		return ev_refuse(EV_R_MALFORMED, 0);
 	if (h.magic != EV_MAGIC || len != 8 + sizeof(h) + (u64)h.n * 4)
@@ -181,18 +524,17 @@ int ev_xdp(struct xdp_md *ctx)
 	if (h.n == 0 || h.n > ev_cfg.max_prompt || h.n > EV_PROMPT_MAX || h.max_new == 0 ||
 	    h.max_new > ev_cfg.max_new)
 		return ev_refuse(EV_R_LIMIT, h.request);
-	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
-		u32 k = i;
-		struct ev_slot *c;
-
-		if (s || i >= ev_cfg.n_slots)
-			break;
-		c = bpf_map_lookup_elem(&ev_slots, &k);
-		if (c && __sync_val_compare_and_swap(&c->state, EV_FREE, EV_BUSY) == EV_FREE) {
-			s = c;
-			slot = i;
+	if (ev_cfg.flags & EV_F_REPLY) {
+		/* a request sent again (its ACCEPTED reply lost?) is not started again */
+		dup = ev_find(h.request, src, sport);
+		if (dup < EV_SLOTS_MAX) {
+			__sync_fetch_and_add(&ev_repeats, 1);
+			return ev_answer(ctx, hdr, EV_K_ACCEPTED, h.request, h.n, h.max_new);
 		}
 	}
+	slot = ev_claim();
+	if (slot < EV_SLOTS_MAX)
+		s = bpf_map_lookup_elem(&ev_slots, &slot);
 	if (!s)
 		return ev_refuse(EV_R_BUSY, h.request);
 	bytes = h.n * 4;
@@ -211,11 +553,22 @@ int ev_xdp(struct xdp_md *ctx)
 	s->args.max_new = h.max_new;
 	s->args.request = h.request;
 	s->started = 0;
+	s->client_addr = src;
+	s->client_port = sport;
+	s->request = h.request;
+	s->finish = 0;
+	s->delivered = 0;
+	s->cancel = 0;
+	s->last_ns = bpf_ktime_get_ns();
+	/* the fields before the state (an exchange: a full barrier): polls match on them */
+	__sync_lock_test_and_set(&s->state, EV_BUSY);
 	if (bpf_wq_start(&s->wq, 0)) {
 		__sync_lock_test_and_set(&s->state, EV_FREE);
 		return ev_refuse(EV_R_BUSY, h.request);
 	}
 	__sync_fetch_and_add(&ev_accepted, 1);
+	if (ev_cfg.flags & EV_F_REPLY)
+		return ev_answer(ctx, hdr, EV_K_ACCEPTED, h.request, h.n, h.max_new);
 	return XDP_DROP;
 malformed:
 	__sync_lock_test_and_set(&s->state, EV_FREE);

@@ -17,6 +17,7 @@
 #define GEN_STOP 2       /* a stop token was generated (not written to the ring buffer) */
 #define GEN_MAX 3        /* max_new tokens were generated */
 #define GEN_FULL 4       /* the context is full */
+#define GEN_LENGTH 5     /* the generation's text buffer (gen_args.text) is full */
 
 /* One generated token, as the ring buffer carries it. */
 struct gen_token {
@@ -49,6 +50,12 @@ struct gen_args {
 	u32 stops[GEN_STOPS_MAX];
 	u32 request;     /* copied into each record */
 	s32 status;      /* out: GEN_* or a negative plan error */
+	u64 text;        /* u8 [text_cap] (arena): every token's text bytes appended, for the event
+			  * path's replies (event.inc.c); 0: none */
+	u32 text_cap;
+	u32 text_len;    /* in/out: bytes in text; grows after the bytes are written */
+	u32 quiet;       /* 1: no ring-buffer records (nobody reads them) */
+	u32 pad2;
 };
 
 /* Each thread's plan state while generating, in .bss so that every thread can read the others'
@@ -73,24 +80,47 @@ static __always_inline u32 gen_best(u32 parts)
 	return best;
 }
 
-/* Writes token id's record (thread 0); the text bytes come from the arena vocabulary. */
+/* Token id's text (thread 0): its bytes, from the arena vocabulary, appended to a->text when
+ * the generation keeps its text there, and a ring-buffer record unless a->quiet. Returns 0, 1
+ * when the ring buffer is full, GEN_LENGTH when the text does not fit a->text (nothing of it is
+ * written then). */
 static __noinline int gen_emit(struct gen_args *a, u32 id, u32 pos)
 {
-	struct gen_token *r = bpf_ringbuf_reserve(&tokens, sizeof(*r), 0);
+	const u8 __arena *bytes = 0;
+	struct gen_token *r;
 	u32 len = 0;
 
-	if (!r)
-		return 1;
 	if (a->vocab) {
 		const u32 __arena *off = ARENA_PTR(const u32, a->vocab);
 		u32 o0 = off[id], o1 = off[id + 1];
-		const u8 __arena *bytes = ARENA_PTR(const u8, a->vocab + o0);
 
+		bytes = ARENA_PTR(const u8, a->vocab + o0);
 		len = o1 > o0 ? o1 - o0 : 0;
 		if (len > GEN_TEXT_MAX)
 			len = GEN_TEXT_MAX;
+	}
+	if (a->text) {
+		u32 at = a->text_len;
+		u8 __arena *dst = ARENA_PTR(u8, a->text + at);
+
+		if (at > a->text_cap || len > a->text_cap - at)
+			return GEN_LENGTH;
 		for (u32 i = 0; i < len && can_loop; i++)
-			r->text[i & (GEN_TEXT_MAX - 1)] = bytes[i];
+			dst[i] = bytes[i];
+		/* the bytes before their length (a full barrier): a reader on another CPU reads
+		 * text_len first and then only bytes below it */
+		__sync_fetch_and_add(&a->text_len, len);
+	}
+	if (a->quiet)
+		return 0;
+	r = bpf_ringbuf_reserve(&tokens, sizeof(*r), 0);
+	if (!r)
+		return 1;
+	/* bounded by the constant: the verifier may have forgotten len's bound by now */
+	for (u32 i = 0; i < GEN_TEXT_MAX && can_loop; i++) {
+		if (i >= len)
+			break;
+		r->text[i] = bytes[i];
 	}
 	r->id = id;
 	r->pos = pos;
@@ -172,8 +202,15 @@ __noinline int gen_run(struct gen_args *a __arg_nonnull)
 		a->run.pos = st->pos;
 		if (t == 0) {
 			gen_stop[lane] = gen_done(a, id, t0); /* thread 0: lane 0 when shared */
-			if (a->status != GEN_STOP && gen_emit(a, id, st->pos))
-				return PLAN_E_ARGS;
+			if (a->status != GEN_STOP) {
+				r = gen_emit(a, id, st->pos);
+				if (r == GEN_LENGTH) {
+					a->status = GEN_LENGTH;
+					gen_stop[lane] = 1;
+				} else if (r) {
+					return PLAN_E_ARGS;
+				}
+			}
 		}
 		if (a->run.n_threads > 1) {
 			st->passed++;

@@ -165,6 +165,22 @@ impl Ops {
         templates: &[GenArgs],
         init: bool,
     ) -> Result<libbpf_rs::Link> {
+        self.configure_events(cfg, templates, init)?;
+        self.skel
+            .progs
+            .ev_xdp
+            .attach_xdp(cfg.ifindex as i32)
+            .map_err(|e| load_error("the event path's XDP program", e))
+    }
+
+    /// Writes the event path's configuration and slot templates into the mapped .bss, zeroes
+    /// its counters, and initialises the slots' workqueue items when `init`.
+    pub(crate) fn configure_events(
+        &mut self,
+        cfg: EventCfg,
+        templates: &[GenArgs],
+        init: bool,
+    ) -> Result<()> {
         let bss = self
             .skel
             .maps
@@ -180,6 +196,12 @@ impl Ops {
         bss.ev_refused_busy = 0;
         bss.ev_refused_invalid = 0;
         bss.ev_done = 0;
+        bss.ev_refusals = [0; 8];
+        bss.ev_polls = 0;
+        bss.ev_repeats = 0;
+        bss.ev_tokens = 0;
+        bss.ev_reclaimed = 0;
+        bss.ev_reply_failed = 0;
         if init {
             let mut none = 0u64;
             match test_run(self.skel.progs.ev_setup.as_fd(), "ev_setup", &mut none)? {
@@ -194,11 +216,7 @@ impl Ops {
                 }
             }
         }
-        self.skel
-            .progs
-            .ev_xdp
-            .attach_xdp(cfg.ifindex as i32)
-            .map_err(|e| load_error("the event path's XDP program", e))
+        Ok(())
     }
 
     /// The event path's counters: accepted, refused because every slot was busy, refused as

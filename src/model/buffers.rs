@@ -22,7 +22,13 @@ pub(crate) struct Shape<'a> {
     /// Tokens the block buffers hold: the prefill block ([`crate::Backend::prefill_block`]), 1
     /// for an event context.
     pub block: usize,
+    /// Bytes of the reply text buffer: [`REPLY_TEXT_BYTES`] for an event context, 0 otherwise.
+    pub text: usize,
 }
+
+/// The text buffer of each event context: the generated text an installed model keeps for its
+/// client's polls (`src/bpf/event.inc.c`); a generation stops when it is full.
+pub const REPLY_TEXT_BYTES: usize = 16 * 1024;
 
 impl Shape<'_> {
     /// GQA pairs of the int8-KV attention scratch (0 with the Q16 cache).
@@ -116,6 +122,8 @@ buffers! {
     /// u32 offsets `[vocab + 1]`, then the bytes: each token's text, for in-kernel generation
     /// (16 bytes a token reserved; Qwen3's average under 7, pages committed only as written).
     vocab: "vocabulary text" = |s| (s.cfg.vocab_size + 1) * 4 + s.cfg.vocab_size * 16;
+    /// u8 `[text]`: an event context's generated text, for its client's polls (else empty).
+    text: "reply text" = |s| s.text;
 }
 
 impl Buffers {

@@ -22,7 +22,7 @@ use crate::store::WeightStore;
 use crate::types::{Dispatch, KvFormat};
 use crate::Config;
 
-pub(crate) use buffers::Buffers;
+pub(crate) use buffers::{Buffers, REPLY_TEXT_BYTES};
 #[cfg(feature = "internals")]
 pub use open::{check_memory, mem_available};
 pub use options::{KernelMemory, ModelOptions};

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::buffers::{Buffers, Shape};
+use super::buffers::{self, Buffers, Shape};
 use super::{Head, KernelMemory, Model, ModelOptions};
 use crate::kernel::arena::{MAX_ARENA_BYTES, PAGE};
 use crate::kernel::ops::Ops;
@@ -125,11 +125,13 @@ impl Model {
             kv: opts.kv,
             threads: opts.threads,
             block: opts.backend.prefill_block(),
+            text: 0,
         };
         // every event context has buffers and a KV cache of its own, one thread and one token
         let event_shape = Shape {
             threads: 1,
             block: 1,
+            text: buffers::REPLY_TEXT_BYTES,
             ..shape
         };
         let (scratch, kv) = Buffers::arena_bytes(&shape);

@@ -23,6 +23,11 @@ pub const R_TOKEN: u32 = 3;
 /// Refusal reason: too many prompt tokens or new tokens (`EV_R_LIMIT`).
 pub const R_LIMIT: u32 = 4;
 
+/// Refusal reason: a poll for a request that is not there, or from another sender (`EV_R_UNKNOWN`).
+pub const R_UNKNOWN: u32 = 5;
+/// Refusal reason: a poll's offset past the text made so far (`EV_R_OFFSET`).
+pub const R_OFFSET: u32 = 6;
+
 /// Request slots a model can have (`EV_SLOTS_MAX`): one per `run_plan` lane.
 pub const SLOTS_MAX: usize = crate::kernel::plan::THREADS_MAX;
 /// Prompt tokens one datagram may carry (`EV_PROMPT_MAX`).
@@ -31,6 +36,10 @@ pub const PROMPT_MAX: usize = 1024;
 pub const MAGIC: u32 = 0x4650_4251;
 /// Sources a server may accept (`EV_SOURCES_MAX`).
 pub const SOURCES_MAX: usize = 4;
+/// `EV_F_RING`: the event path writes ring-buffer records for a reader.
+pub(crate) const FLAG_RING: u32 = 1;
+/// `EV_F_REPLY`: the event path answers datagrams itself and keeps each slot's text for polls.
+pub(crate) const FLAG_REPLY: u32 = 2;
 
 /// What a server serves.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +118,52 @@ pub enum Refusal {
     TokenOutOfRange,
     /// Too many prompt tokens, or new tokens asked for.
     Limit,
+    /// A poll for a request that this address and port did not make, or that is gone (an
+    /// installed model's replies: `run::serve`).
+    UnknownRequest,
+    /// A poll at an offset past the text generated so far.
+    BadOffset,
+}
+
+impl Refusal {
+    /// Every reason, in the order of their codes.
+    pub const ALL: [Refusal; 6] = [
+        Refusal::Busy,
+        Refusal::Malformed,
+        Refusal::TokenOutOfRange,
+        Refusal::Limit,
+        Refusal::UnknownRequest,
+        Refusal::BadOffset,
+    ];
+
+    /// The reason's code on the wire and in the kernel (`EV_R_*`): 1 to 6.
+    pub fn code(self) -> u32 {
+        match self {
+            Refusal::Busy => R_BUSY,
+            Refusal::Malformed => R_MALFORMED,
+            Refusal::TokenOutOfRange => R_TOKEN,
+            Refusal::Limit => R_LIMIT,
+            Refusal::UnknownRequest => R_UNKNOWN,
+            Refusal::BadOffset => R_OFFSET,
+        }
+    }
+
+    /// The reason with code `code`, if any.
+    pub fn from_code(code: u32) -> Option<Refusal> {
+        Refusal::ALL.into_iter().find(|r| r.code() == code)
+    }
+
+    /// A short name: `busy`, `malformed`, `bad-token`, `limit`, `unknown-request`, `bad-offset`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Refusal::Busy => "busy",
+            Refusal::Malformed => "malformed",
+            Refusal::TokenOutOfRange => "bad-token",
+            Refusal::Limit => "limit",
+            Refusal::UnknownRequest => "unknown-request",
+            Refusal::BadOffset => "bad-offset",
+        }
+    }
 }
 
 /// What the ring buffer reported.
@@ -166,12 +221,7 @@ impl Event {
             }
             Record::Refused => Event::Refused {
                 request: r.request,
-                reason: match r.id {
-                    R_BUSY => Refusal::Busy,
-                    R_TOKEN => Refusal::TokenOutOfRange,
-                    R_LIMIT => Refusal::Limit,
-                    _ => Refusal::Malformed,
-                },
+                reason: Refusal::from_code(r.id).unwrap_or(Refusal::Malformed),
             },
         }
     }
@@ -266,6 +316,23 @@ impl Model {
         &mut self,
         cfg: &EventConfig,
     ) -> Result<EventServer<'_>> {
+        let (ev, templates) = self.event_setup(cfg, FLAG_RING, None)?;
+        self.ops.tokens.clear();
+        let link = self.ops.start_events(ev, &templates, !self.events_ready)?;
+        self.events_ready = true;
+        Ok(EventServer::new(self, link))
+    }
+
+    /// Checks `cfg` and builds the event path's configuration (with `flags`, `EV_F_*`) and each
+    /// slot's generation template, committing every slot's KV cache. With `text`, each slot
+    /// keeps its text in its reply buffer, up to that many bytes (see `run::serve`), and writes
+    /// no ring-buffer records.
+    pub(crate) fn event_setup(
+        &mut self,
+        cfg: &EventConfig,
+        flags: u32,
+        text: Option<u32>,
+    ) -> Result<(crate::kernel::ops::EventCfg, Vec<crate::kernel::ops::GenArgs>)> {
         use {PROMPT_MAX, SOURCES_MAX};
         if self.events.is_empty() {
             return Err(Error::Invalid(
@@ -310,6 +377,9 @@ impl Model {
                 head_parts: 1,
                 n_stops: cfg.stop_tokens.len() as u32,
                 stops,
+                text: text.map_or(0, |_| self.ops.arena.addr(b.text)),
+                text_cap: text.map_or(0, |t| t.min(b.text.len() as u32)),
+                quiet: text.is_some() as u32,
                 ..Default::default()
             });
         }
@@ -326,11 +396,10 @@ impl Model {
             max_new: cfg.max_new,
             max_prompt: PROMPT_MAX.min(self.max_context) as u32,
             n_slots: self.events.len() as u32,
+            flags,
+            ..Default::default()
         };
-        self.ops.tokens.clear();
-        let link = self.ops.start_events(ev, &templates, !self.events_ready)?;
-        self.events_ready = true;
-        Ok(EventServer::new(self, link))
+        Ok((ev, templates))
     }
 
     /// Waits up to `timeout_ms` for ring-buffer records.
