@@ -206,6 +206,37 @@ pub enum Error {
     /// for its element type: refused instead of creating an invalid reference.
     #[error("arena view refused: {0}")]
     ArenaView(String),
+    /// A model is installed under this name already ([`crate::Model::install`]).
+    #[error("a model is installed as {name:?} already ({path}); remove it first")]
+    AlreadyInstalled {
+        /// The name.
+        name: String,
+        /// Its pin directory.
+        path: PathBuf,
+    },
+    /// No model is installed under this name.
+    #[error("no model is installed as {name:?} ({path} does not exist)")]
+    NotInstalled {
+        /// The name.
+        name: String,
+        /// The pin directory it would have.
+        path: PathBuf,
+    },
+    /// The BPF filesystem is not mounted where pins go, and mounting it failed.
+    #[error("the BPF filesystem is not mounted at {path} and mounting it failed: {source}")]
+    Bpffs {
+        /// Where it was expected (`/sys/fs/bpf`).
+        path: PathBuf,
+        /// Why mounting failed.
+        source: std::io::Error,
+    },
+    /// A pin of an installed model is missing: someone removed it, so the installation is
+    /// incomplete (remove it and install again).
+    #[error("the pin {path} is missing")]
+    LostPin {
+        /// The missing pin.
+        path: PathBuf,
+    },
 }
 
 /// `Result` with the crate's [`Error`].

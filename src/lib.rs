@@ -28,7 +28,9 @@
 //! - The kernel runs the step of each token in one BPF invocation per thread ([`Dispatch`]);
 //!   [`Model::generate_in_kernel`] runs a whole greedy generation in the kernel, streaming tokens
 //!   and their text on a ring buffer ([`KernelGeneration`]); [`Model::serve_events`] lets a UDP
-//!   datagram start one, with no system call driving it ([`EventServer`]).
+//!   datagram start one, with no system call driving it ([`EventServer`]);
+//!   [`Model::install`] leaves a model in the kernel that answers datagrams itself, with no
+//!   process left running ([`Installed`], [`wire`]).
 //! - [`Reference`] is the f32 forward pass the fixed-point engine is measured against; both
 //!   implement [`Forward`].
 //! - [`Tokenizer`] is the Qwen3 tokenizer and chat template; [`ensure_default_model`] writes the
@@ -78,7 +80,10 @@ pub use hf::default_model::{default_model_dir, ensure_default_model, TOKENIZER_E
 pub use hf::tokenizer::{TextStream, Tokenizer};
 pub use model::kv::saved_position;
 pub use model::{KernelMemory, Model, ModelOptions};
+pub use kernel::pins::XdpMode;
 pub use run::event::{request_datagram, Event, EventConfig, EventCounters, EventServer, Refusal};
+pub use run::serve::{InstallConfig, InstallStatus, Installed};
+pub use run::wire;
 pub use run::generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
 pub use run::in_kernel::{KernelGeneration, KernelText};
 pub use run::sampling::{Candidate, Sampler, SamplingParams};

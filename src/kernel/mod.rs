@@ -28,6 +28,7 @@ mod drivers;
 pub mod floor;
 mod operators;
 pub mod ops;
+pub mod pins;
 pub mod plan;
 pub mod probe;
 pub mod ring;

@@ -1,8 +1,11 @@
 //! Running a model: token-by-token generation with greedy or sampled choice ([`generate`],
-//! [`sampling`]), whole generations inside the kernel ([`in_kernel`]) and generations started by
-//! a datagram ([`event`]).
+//! [`sampling`]), whole generations inside the kernel ([`in_kernel`]), generations started by
+//! a datagram ([`event`]), and a model installed in the kernel that answers datagrams on its own
+//! ([`serve`], its datagrams in [`wire`]).
 
 pub mod event;
 pub mod generate;
 pub mod in_kernel;
 pub mod sampling;
+pub mod serve;
+pub mod wire;

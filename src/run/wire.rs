@@ -1,0 +1,224 @@
+//! The datagrams of an installed model ([`crate::Model::install`]): what a client sends and what
+//! the kernel answers. Every field is a little-endian u32; the byte tables are in
+//! docs/in-kernel.md ("The reply protocol") and `src/bpf/event.inc.c` builds the replies.
+//!
+//! The request is the event path's ([`crate::request_datagram`]: token ids made by a tokenizer
+//! in user space, the interim format until the kernel tokenizes text itself). A client sends it,
+//! gets [`Reply::Accepted`] (or [`Reply::Refused`]), then sends [`poll_datagram`]s from the same
+//! address and port with the offset of the text it has: each is answered with the text since
+//! that offset ([`Reply::Text`], at most [`TEXT_REPLY_MAX`] bytes and no more than the poll's
+//! own length less 20, none while nothing new is generated), and once the generation is over and
+//! every byte has been fetched, with [`Reply::Final`]. A reply is never longer than the poll it
+//! answers: [`poll_datagram`] pads the poll for the largest reply.
+
+use super::event::Refusal;
+
+pub use super::event::{request_datagram, MAGIC as REQUEST_MAGIC};
+
+/// The first word of a poll datagram (`EV_POLL_MAGIC`, "QBPL" in memory order).
+pub const POLL_MAGIC: u32 = 0x4C50_4251;
+/// The first word of every reply (`EV_REPLY_MAGIC`, "QBPR").
+pub const REPLY_MAGIC: u32 = 0x5250_4251;
+/// Reply kinds (the second word).
+pub const KIND_ACCEPTED: u32 = 1;
+/// See [`KIND_ACCEPTED`].
+pub const KIND_REFUSED: u32 = 2;
+/// See [`KIND_ACCEPTED`].
+pub const KIND_TEXT: u32 = 3;
+/// See [`KIND_ACCEPTED`].
+pub const KIND_FINAL: u32 = 4;
+/// The most text bytes one [`Reply::Text`] carries (`EV_TEXT_REPLY_MAX`).
+pub const TEXT_REPLY_MAX: usize = 1024;
+/// Bytes of a poll datagram: its three words and the padding that makes room for the largest
+/// reply (a reply is never longer than the poll it answers: 20 header bytes and
+/// [`TEXT_REPLY_MAX`] text bytes).
+pub const POLL_BYTES: usize = 20 + TEXT_REPLY_MAX;
+/// The shortest poll the kernel answers (room for the final record); it carries at most
+/// `length - 20` text bytes.
+pub const POLL_MIN_BYTES: usize = 32;
+
+/// Why a generation ended, as the [`Reply::Final`] record says (`EV_FIN_*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Finish {
+    /// A stop token was generated (code 1; the token id; its text is not in the text).
+    Stop(u32),
+    /// The request's `max_new` tokens were generated (code 2).
+    MaxTokens,
+    /// The context is full (code 3).
+    ContextFull,
+    /// The slot's text buffer is full (code 4): the last token's text did not fit.
+    Length,
+    /// The kernel failed the generation (code 5; its error code).
+    Error(i32),
+}
+
+impl Finish {
+    /// From the FINAL record's finish code and detail word.
+    pub fn from_code(code: u32, detail: u32) -> Option<Finish> {
+        Some(match code {
+            1 => Finish::Stop(detail),
+            2 => Finish::MaxTokens,
+            3 => Finish::ContextFull,
+            4 => Finish::Length,
+            5 => Finish::Error(detail as i32),
+            _ => return None,
+        })
+    }
+
+    /// A short name: `stop`, `max-tokens`, `context-full`, `length`, `error`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Finish::Stop(_) => "stop",
+            Finish::MaxTokens => "max-tokens",
+            Finish::ContextFull => "context-full",
+            Finish::Length => "length",
+            Finish::Error(_) => "error",
+        }
+    }
+}
+
+/// One reply datagram.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reply {
+    /// The request was accepted and is being generated (or was accepted before: a request sent
+    /// again is not started again).
+    Accepted {
+        /// The request id.
+        request: u32,
+        /// Its prompt tokens.
+        prompt_tokens: u32,
+        /// The most new tokens it asked for.
+        max_new: u32,
+    },
+    /// The request or poll was refused.
+    Refused {
+        /// The request id (0 when the datagram was too short to carry one).
+        request: u32,
+        /// Why; `None` for a code this build does not know.
+        reason: Option<Refusal>,
+        /// The raw reason code.
+        code: u32,
+    },
+    /// Text bytes of the request from `offset` (possibly none: nothing new yet).
+    Text {
+        /// The request id.
+        request: u32,
+        /// Where the bytes start in the request's text.
+        offset: u32,
+        /// The bytes (possibly part of a UTF-8 character at either end).
+        bytes: Vec<u8>,
+    },
+    /// The generation is over and `text_len` bytes is all its text.
+    Final {
+        /// The request id.
+        request: u32,
+        /// The whole text's length in bytes.
+        text_len: u32,
+        /// Why it ended; `None` for a code this build does not know.
+        finish: Option<Finish>,
+        /// Prompt tokens.
+        prompt_tokens: u32,
+        /// Tokens the model generated, including a stop token or one whose text did not fit.
+        generated_tokens: u32,
+    },
+}
+
+/// A poll for request `request`'s text from byte `offset`: the three words, zero-padded to
+/// [`POLL_BYTES`] so that the reply can carry up to [`TEXT_REPLY_MAX`] bytes.
+pub fn poll_datagram(request: u32, offset: u32) -> Vec<u8> {
+    let mut d: Vec<u8> = [POLL_MAGIC, request, offset]
+        .iter()
+        .flat_map(|w| w.to_le_bytes())
+        .collect();
+    d.resize(POLL_BYTES, 0);
+    d
+}
+
+impl Reply {
+    /// Parses a reply; `None` for a datagram that is not one.
+    pub fn parse(d: &[u8]) -> Option<Reply> {
+        let w = |i: usize| -> Option<u32> {
+            Some(u32::from_le_bytes(d.get(4 * i..4 * i + 4)?.try_into().ok()?))
+        };
+        if w(0)? != REPLY_MAGIC {
+            return None;
+        }
+        let request = w(2)?;
+        Some(match w(1)? {
+            KIND_ACCEPTED => Reply::Accepted {
+                request,
+                prompt_tokens: w(3)?,
+                max_new: w(4)?,
+            },
+            KIND_REFUSED => Reply::Refused {
+                request,
+                reason: Refusal::from_code(w(3)?),
+                code: w(3)?,
+            },
+            KIND_TEXT => {
+                let n = w(4)? as usize;
+                if n > TEXT_REPLY_MAX {
+                    return None;
+                }
+                Reply::Text {
+                    request,
+                    offset: w(3)?,
+                    bytes: d.get(20..20 + n)?.to_vec(),
+                }
+            }
+            KIND_FINAL => Reply::Final {
+                request,
+                text_len: w(3)?,
+                finish: Finish::from_code(w(4)?, w(7)?),
+                prompt_tokens: w(5)?,
+                generated_tokens: w(6)?,
+            },
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_parse_from_their_byte_layout() {
+        let words = |w: &[u32]| w.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+        let mut text = words(&[REPLY_MAGIC, KIND_TEXT, 7, 3, 2]);
+        text.extend_from_slice(b"hi");
+        assert_eq!(
+            Reply::parse(&text),
+            Some(Reply::Text {
+                request: 7,
+                offset: 3,
+                bytes: b"hi".to_vec()
+            })
+        );
+        assert_eq!(
+            Reply::parse(&words(&[REPLY_MAGIC, KIND_FINAL, 7, 5, 1, 4, 9, 151_645])),
+            Some(Reply::Final {
+                request: 7,
+                text_len: 5,
+                finish: Some(Finish::Stop(151_645)),
+                prompt_tokens: 4,
+                generated_tokens: 9
+            })
+        );
+        assert_eq!(
+            Reply::parse(&words(&[REPLY_MAGIC, KIND_REFUSED, 7, 5, 0])),
+            Some(Reply::Refused {
+                request: 7,
+                reason: Some(Refusal::UnknownRequest),
+                code: 5
+            })
+        );
+        assert_eq!(Reply::parse(&words(&[REQUEST_MAGIC, 1, 2, 3, 4])), None);
+        let poll = poll_datagram(7, 3);
+        assert_eq!(poll.len(), POLL_BYTES);
+        assert_eq!(poll[..12], words(&[POLL_MAGIC, 7, 3]));
+        assert!(poll[12..].iter().all(|&b| b == 0));
+    }
+}
