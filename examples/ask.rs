@@ -1,0 +1,203 @@
+//! Asks a model installed in the kernel (the `serve` example) for text.
+//!
+//! ```text
+//! cargo run --release --example ask -- --port P [--host H] [--model DIR | --tokenizer FILE] \
+//!     [--max-tokens N] [--chat] "prompt"
+//! ```
+//!
+//! Tokenizes the prompt in user space (requests carry token ids for now), sends the request
+//! datagram, polls the text until the final record and prints exactly the generated text to
+//! stdout; a summary goes to stderr. Exits non-zero when the request is refused, or when nothing
+//! answers for 10 s.
+
+mod common;
+
+use std::io::Write;
+use std::net::{ToSocketAddrs, UdpSocket};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use qwen_bpf::wire::{poll_datagram, request_datagram, Reply};
+use qwen_bpf::{Error, Result, Tokenizer};
+
+/// Ask a model installed in the kernel: prints the generated text.
+#[derive(Debug, Parser)]
+#[command(name = "ask")]
+struct Args {
+    /// The prompt.
+    prompt: String,
+    /// The UDP port the model serves.
+    #[arg(long)]
+    port: u16,
+    /// The host it serves on (an IPv4 address or name).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// The model directory whose tokenizer.json tokenizes the prompt.
+    #[arg(long, conflicts_with = "tokenizer")]
+    model: Option<PathBuf>,
+    /// A tokenizer.json (default: the model directory's, else the Qwen3 tokenizer found beside
+    /// the source tree).
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// The most tokens to generate.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: u32,
+    /// Wrap the prompt in the Qwen3 chat template (one user turn).
+    #[arg(long)]
+    chat: bool,
+    /// Seconds without an answer after which ask gives up.
+    #[arg(long, default_value_t = 10.0)]
+    timeout: f64,
+}
+
+fn main() -> ExitCode {
+    match common::parse_args::<Args>() {
+        Ok(args) => common::exit_with("ask", run(&args)),
+        Err(code) => code,
+    }
+}
+
+fn tokenizer(args: &Args) -> Result<Tokenizer> {
+    if let Some(t) = &args.tokenizer {
+        return Tokenizer::from_file(t);
+    }
+    if let Some(m) = &args.model {
+        return Tokenizer::from_model_dir(m);
+    }
+    match common::find_tokenizer() {
+        Some(t) => Tokenizer::from_file(t),
+        None => Err(Error::Invalid(
+            "no tokenizer: pass --model DIR or --tokenizer FILE".into(),
+        )),
+    }
+}
+
+/// Sends `datagram` and waits for the reply to it (resending every 500 ms) until `give_up`
+/// without one.
+fn exchange(sock: &UdpSocket, datagram: &[u8], request: u32, give_up: Duration) -> Result<Reply> {
+    let io = |e: std::io::Error| Error::Invalid(format!("UDP: {e}"));
+    let end = Instant::now() + give_up;
+    let mut buf = vec![0u8; 2048];
+    loop {
+        sock.send(datagram).map_err(io)?;
+        let resend = (Instant::now() + Duration::from_millis(500)).min(end);
+        while Instant::now() < resend {
+            match sock.recv(&mut buf) {
+                Ok(n) => match Reply::parse(&buf[..n]) {
+                    Some(r) if reply_request(&r) == request => return Ok(r),
+                    _ => {} // another request's, or not a reply
+                },
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock
+                            | std::io::ErrorKind::TimedOut
+                            | std::io::ErrorKind::ConnectionRefused
+                    ) => {}
+                Err(e) => return Err(io(e)),
+            }
+        }
+        if Instant::now() >= end {
+            return Err(Error::Invalid(format!(
+                "no answer for {:.0} s: is a model installed on that port (serve status)?",
+                give_up.as_secs_f64()
+            )));
+        }
+    }
+}
+
+fn reply_request(r: &Reply) -> u32 {
+    match r {
+        Reply::Accepted { request, .. }
+        | Reply::Refused { request, .. }
+        | Reply::Text { request, .. }
+        | Reply::Final { request, .. } => *request,
+        _ => u32::MAX,
+    }
+}
+
+fn run(args: &Args) -> Result<()> {
+    let tok = tokenizer(args)?;
+    let prompt = if args.chat {
+        tok.encode_chat(&args.prompt)?
+    } else {
+        tok.encode(&args.prompt)?
+    };
+    if prompt.is_empty() {
+        return Err(Error::EmptyPrompt);
+    }
+    let give_up = Duration::try_from_secs_f64(args.timeout)
+        .map_err(|_| Error::Invalid(format!("--timeout {}", args.timeout)))?;
+    let io = |e: std::io::Error| Error::Invalid(format!("UDP: {e}"));
+    let server = (args.host.as_str(), args.port)
+        .to_socket_addrs()
+        .map_err(io)?
+        .find(|a| a.is_ipv4())
+        .ok_or_else(|| Error::Invalid(format!("no IPv4 address for {}", args.host)))?;
+    let sock = UdpSocket::bind("0.0.0.0:0").map_err(io)?;
+    sock.connect(server).map_err(io)?;
+    sock.set_read_timeout(Some(Duration::from_millis(50)))
+        .map_err(io)?;
+    // an id of our own: the low bits of the time and the process id
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let request = nanos ^ std::process::id().rotate_left(16);
+    let t0 = Instant::now();
+    match exchange(&sock, &request_datagram(request, args.max_tokens, &prompt), request, give_up)? {
+        Reply::Accepted { .. } => {}
+        Reply::Refused { reason, code, .. } => {
+            return Err(Error::Invalid(format!(
+                "the request was refused: {} (code {code})",
+                reason.map_or("unknown reason", |r| r.name())
+            )))
+        }
+        other => return Err(Error::Invalid(format!("unexpected reply {other:?}"))),
+    }
+    let mut out = std::io::stdout().lock();
+    let mut offset = 0u32;
+    let mut first = None;
+    loop {
+        match exchange(&sock, &poll_datagram(request, offset), request, give_up)? {
+            // a late copy of an earlier poll's reply
+            Reply::Text { offset: at, .. } if at != offset => continue,
+            Reply::Text { bytes, .. } => {
+                if bytes.is_empty() {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                }
+                first.get_or_insert_with(|| t0.elapsed());
+                out.write_all(&bytes)
+                    .and_then(|()| out.flush())
+                    .map_err(|e| Error::io("stdout", e))?;
+                offset += bytes.len() as u32;
+            }
+            Reply::Final {
+                finish,
+                prompt_tokens,
+                generated_tokens,
+                text_len,
+                ..
+            } => {
+                let total = t0.elapsed();
+                eprintln!(
+                    "\n[{} prompt tokens, {generated_tokens} generated, {text_len} bytes; finish: {}; first text after {:.0} ms, all in {:.0} ms]",
+                    prompt_tokens,
+                    finish.map_or("unknown", |f| f.name()),
+                    first.unwrap_or(total).as_secs_f64() * 1e3,
+                    total.as_secs_f64() * 1e3
+                );
+                return Ok(());
+            }
+            Reply::Refused { reason, code, .. } => {
+                return Err(Error::Invalid(format!(
+                    "a poll was refused: {} (code {code})",
+                    reason.map_or("unknown reason", |r| r.name())
+                )))
+            }
+            other => return Err(Error::Invalid(format!("unexpected reply {other:?}"))),
+        }
+    }
+}
