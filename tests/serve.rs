@@ -1,0 +1,682 @@
+//! A model installed in the kernel (`Model::install`, the `serve` and `ask` examples): installed
+//! by a process that exits, answered from XDP with no process left, refusals answered and
+//! counted, slots given back, removed with its memory freed, and served on a veth pair in
+//! native XDP mode. The clients speak the wire format with plain `std::net::UdpSocket`s and
+//! the byte tables of docs/in-kernel.md, not the crate's helpers.
+//!
+//! Needs root (BPF, XDP, the BPF filesystem, network namespaces); every test fails, never
+//! skips, without them.
+
+mod common;
+
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use qwen_bpf::kernel::pins::map_exists;
+use qwen_bpf::run::serve::pin_dir;
+use qwen_bpf::{
+    Backend, Dispatch, Error, InstallConfig, Installed, Model, ModelOptions, Refusal, Tokenizer,
+    XdpMode,
+};
+
+const CTX: usize = 64;
+
+/// The tests of this file take turns: `lo` takes one XDP program at a time, and each test
+/// reads counters that only its own datagrams move.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The wire format, written out from the tables of docs/in-kernel.md.
+mod wire {
+    pub const REQUEST: u32 = 0x4650_4251; // "QBPF"
+    pub const POLL: u32 = 0x4C50_4251; // "QBPL"
+    pub const REPLY: u32 = 0x5250_4251; // "QBPR"
+    pub const ACCEPTED: u32 = 1;
+    pub const REFUSED: u32 = 2;
+    pub const TEXT: u32 = 3;
+    pub const FINAL: u32 = 4;
+
+    pub fn words(w: &[u32]) -> Vec<u8> {
+        w.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    pub fn request(id: u32, max_new: u32, prompt: &[u32]) -> Vec<u8> {
+        let mut w = vec![REQUEST, id, max_new, prompt.len() as u32];
+        w.extend_from_slice(prompt);
+        words(&w)
+    }
+
+    /// A poll padded to 1044 bytes: room for a reply with 1024 text bytes.
+    pub fn poll(id: u32, offset: u32) -> Vec<u8> {
+        let mut d = words(&[POLL, id, offset]);
+        d.resize(1044, 0);
+        d
+    }
+
+    pub fn word(d: &[u8], i: usize) -> u32 {
+        u32::from_le_bytes(d[4 * i..4 * i + 4].try_into().unwrap())
+    }
+}
+
+/// A UDP client of the installed model.
+struct Client {
+    sock: UdpSocket,
+}
+
+impl Client {
+    fn new(bind: &str, server: SocketAddr) -> Client {
+        let sock = UdpSocket::bind(bind).unwrap();
+        sock.connect(server).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        Client { sock }
+    }
+
+    /// Sends `d` and returns the reply to it (sent again every 200 ms; panics after 10 s).
+    fn ask(&self, d: &[u8]) -> Vec<u8> {
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut buf = vec![0u8; 4096];
+        while Instant::now() < end {
+            self.sock.send(d).unwrap();
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                assert!(n >= 20, "a reply of {n} bytes");
+                assert_eq!(wire::word(&buf, 0), wire::REPLY, "the reply magic");
+                return buf[..n].to_vec();
+            }
+        }
+        panic!("no reply in 10 s to a datagram of {} bytes", d.len());
+    }
+
+    /// Requests a generation, polls it to its end: the text and the FINAL record's words.
+    fn generate(&self, id: u32, max_new: u32, prompt: &[u32]) -> (Vec<u8>, Vec<u32>) {
+        let r = self.ask(&wire::request(id, max_new, prompt));
+        assert_eq!(
+            (wire::word(&r, 1), wire::word(&r, 2)),
+            (wire::ACCEPTED, id),
+            "ACCEPTED {id}"
+        );
+        assert_eq!(
+            (wire::word(&r, 3), wire::word(&r, 4)),
+            (prompt.len() as u32, max_new)
+        );
+        self.poll_to_end(id)
+    }
+
+    fn poll_to_end(&self, id: u32) -> (Vec<u8>, Vec<u32>) {
+        let mut text = Vec::new();
+        let end = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < end {
+            let r = self.ask(&wire::poll(id, text.len() as u32));
+            assert_eq!(wire::word(&r, 2), id);
+            match wire::word(&r, 1) {
+                wire::TEXT => {
+                    assert_eq!(wire::word(&r, 3) as usize, text.len(), "the offset echoed");
+                    let n = wire::word(&r, 4) as usize;
+                    assert_eq!(r.len(), 20 + n, "TEXT carries its n bytes");
+                    text.extend_from_slice(&r[20..]);
+                    if n == 0 {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                wire::FINAL => {
+                    assert_eq!(r.len(), 32, "FINAL is 8 words");
+                    assert_eq!(wire::word(&r, 3) as usize, text.len(), "the whole text");
+                    return (text, (0..8).map(|i| wire::word(&r, i)).collect());
+                }
+                k => panic!("reply kind {k} to a poll: {r:?}"),
+            }
+        }
+        panic!("request {id} did not end in 60 s");
+    }
+
+    /// Expects a REFUSED reply to `d` with `reason` for `request`.
+    fn refused(&self, d: &[u8], request: u32, reason: Refusal) {
+        let r = self.ask(d);
+        assert_eq!(
+            (wire::word(&r, 1), wire::word(&r, 2), wire::word(&r, 3)),
+            (wire::REFUSED, request, reason.code()),
+            "REFUSED {request} as {reason:?}"
+        );
+    }
+}
+
+/// Removes installation `name` when dropped (and any left over by an earlier run when made),
+/// so that a failing test leaves no model in the kernel.
+struct Installation(String);
+
+impl Installation {
+    fn new(name: &str) -> Installation {
+        let _ = Installed::remove(name);
+        Installation(name.into())
+    }
+}
+
+impl Drop for Installation {
+    fn drop(&mut self) {
+        let _ = Installed::remove(&self.0);
+    }
+}
+
+fn options(dir: &Path, slots: usize, ctx: usize) -> ModelOptions {
+    ModelOptions {
+        backend: Backend::Q24,
+        max_context: ctx,
+        event_slots: slots,
+        cache_dir: Some(dir.join("cache-q24")),
+        ..Default::default()
+    }
+}
+
+/// The tokens greedy per-operator generation gives (one thread), up to `n`, ending at a stop
+/// token (included, as the kernel counts it): the tokens and whether one stopped it.
+fn reference(dir: &Path, prompt: &[u32], n: usize, stops: &[u32]) -> (Vec<u32>, bool) {
+    let mut m = Model::open(
+        dir,
+        &ModelOptions {
+            dispatch: Dispatch::PerOp,
+            threads: 1,
+            ..options(dir, 0, CTX)
+        },
+    )
+    .unwrap();
+    let mut ids = common::greedy_tokens(&mut m, prompt, n);
+    match ids.iter().position(|t| stops.contains(t)) {
+        Some(i) => {
+            ids.truncate(i + 1);
+            (ids, true)
+        }
+        None => (ids, false),
+    }
+}
+
+/// The text of `ids` (a stop token at the end left out): the tokenizer's decoding, checked
+/// against the vocabulary bytes joined.
+fn text_of(tok: &Tokenizer, ids: &[u32], stopped: bool) -> String {
+    let ids = &ids[..ids.len() - stopped as usize];
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&t| tok.token_bytes(t).unwrap())
+        .collect();
+    let text = tok.decode(ids).unwrap();
+    assert_eq!(text.as_bytes(), bytes, "decode vs the vocabulary's bytes");
+    text
+}
+
+fn install_in_process(dir: &Path, name: &str, slots: usize, ctx: usize, cfg: &InstallConfig) {
+    let tok = Tokenizer::from_model_dir(dir).unwrap();
+    let mut m = Model::open(dir, &options(dir, slots, ctx)).unwrap();
+    m.load_vocabulary(&tok).unwrap();
+    m.install(name, cfg).unwrap();
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// Waits up to `limit` for `f` to hold.
+fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+#[test]
+fn installed_by_a_process_that_exited_it_answers_with_the_per_operator_text_until_removed() {
+    let _serial = serial();
+    let dir = common::tiny_model_with_tokenizer("serve");
+    let tok = Tokenizer::from_model_dir(&dir).unwrap();
+    let prompt = tok.encode("The old lighthouse keeper climbed").unwrap();
+    let max_new = 24;
+    let (ids, stopped) = reference(&dir, &prompt, max_new, &tok.eos_ids());
+    let want = text_of(&tok, &ids, stopped);
+    let (name, port) = ("test-serve-child", 47_301u16);
+    let _cleanup = Installation::new(name);
+    // installed by a child process, which exits
+    let bin = common::example_bin("serve");
+    let (ctx, cache) = (CTX.to_string(), dir.join("cache-q24"));
+    let out = run(Command::new(&bin)
+        .args(["install", "--model"])
+        .arg(&dir)
+        .args([
+            "--name",
+            name,
+            "--port",
+            &port.to_string(),
+            "--slots",
+            "2",
+            "--max-context",
+            &ctx,
+            "--cache-dir",
+        ])
+        .arg(&cache));
+    assert!(out.contains("installed"), "{out}");
+    let installed = Installed::open(name).unwrap();
+    let arena = installed.status().unwrap().arena_map_id;
+    assert!(map_exists(arena));
+    let client = Client::new("127.0.0.1:0", (Ipv4Addr::LOCALHOST, port).into());
+    let (text, fin) = client.generate(7, max_new as u32, &prompt);
+    assert_eq!(
+        String::from_utf8(text).unwrap(),
+        want,
+        "the kernel's text vs per-operator greedy decoded"
+    );
+    let finish = if stopped { 1 } else { 2 };
+    assert_eq!(
+        &fin[4..7],
+        &[finish, prompt.len() as u32, ids.len() as u32],
+        "FINAL: finish, prompt tokens, generated tokens"
+    );
+    if stopped {
+        assert_eq!(fin[7], *ids.last().unwrap(), "the stop token");
+    }
+    let s = installed.status().unwrap();
+    println!("{s}");
+    assert_eq!((s.accepted, s.done, s.tokens), (1, 1, ids.len() as u64));
+    assert!(s.polls >= 2, "{s}");
+    assert!(s.refused.iter().all(|&(_, n)| n == 0), "{s}");
+    assert_eq!(
+        (s.port, s.slots, s.interface.as_deref()),
+        (port, 2, Some("lo"))
+    );
+    assert!(s.kernel_memory > 0);
+    // removed by another child: the pins go, the kernel frees the arena
+    let out = run(Command::new(&bin).args(["remove", name]));
+    assert!(out.contains("removed"), "{out}");
+    assert!(!pin_dir(name).exists(), "the pins are gone");
+    assert!(matches!(
+        Installed::open(name),
+        Err(Error::NotInstalled { .. })
+    ));
+    drop(installed);
+    assert!(
+        eventually(Duration::from_secs(10), || !map_exists(arena)),
+        "arena map {arena} still exists"
+    );
+    // the port is the stack's again: a datagram reaches a socket bound to it
+    let listener = UdpSocket::bind(("127.0.0.1", port)).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let d = wire::request(8, 4, &prompt);
+    client.sock.send(&d).unwrap();
+    let mut buf = [0u8; 2048];
+    let n = listener.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], &d[..]);
+}
+
+#[test]
+fn refusals_are_answered_with_their_reason_and_counted_and_others_pass_untouched() {
+    let _serial = serial();
+    let dir = common::tiny_model_with_tokenizer("serve");
+    let tok = Tokenizer::from_model_dir(&dir).unwrap();
+    let (name, port) = ("test-serve-refusals", 47_302u16);
+    let _cleanup = Installation::new(name);
+    let cfg = InstallConfig {
+        max_new: 8,
+        ..InstallConfig::loopback(port)
+    };
+    install_in_process(&dir, name, 2, CTX, &cfg);
+    // a second model under the same name is refused
+    let mut again = Model::open(&dir, &options(&dir, 1, CTX)).unwrap();
+    again.load_vocabulary(&tok).unwrap();
+    assert!(matches!(
+        again.install(name, &cfg),
+        Err(Error::AlreadyInstalled { .. })
+    ));
+    let vocab = 151_936;
+    let server: SocketAddr = (Ipv4Addr::LOCALHOST, port).into();
+    let a = Client::new("127.0.0.1:0", server);
+    let b = Client::new("127.0.0.1:0", server);
+    // a socket on the served port: what the kernel answers never reaches it
+    let listener = UdpSocket::bind(server).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    a.refused(b"hello", 0, Refusal::Malformed);
+    let mut wrong_magic = wire::request(1, 8, &[785, 3974]);
+    wrong_magic[0] ^= 1;
+    a.refused(&wrong_magic, 1, Refusal::Malformed);
+    let mut truncated = wire::request(2, 8, &[785, 3974]);
+    truncated.truncate(truncated.len() - 2);
+    a.refused(&truncated, 2, Refusal::Malformed);
+    a.refused(
+        &wire::request(3, 8, &[1, vocab, 2]),
+        3,
+        Refusal::TokenOutOfRange,
+    );
+    a.refused(&wire::request(4, 9, &[1, 2]), 4, Refusal::Limit);
+    a.refused(&wire::request(5, 8, &[]), 5, Refusal::Limit);
+    a.refused(&wire::request(6, 8, &[1; CTX + 1]), 6, Refusal::Limit);
+    // a poll too short for the FINAL record
+    a.refused(&wire::words(&[wire::POLL, 50, 0]), 0, Refusal::Malformed);
+    let prompt = [785, 3974, 13876];
+    let r = a.ask(&wire::request(50, 8, &prompt));
+    assert_eq!((wire::word(&r, 1), wire::word(&r, 2)), (wire::ACCEPTED, 50));
+    a.refused(&wire::poll(51, 0), 51, Refusal::UnknownRequest);
+    b.refused(&wire::poll(50, 0), 50, Refusal::UnknownRequest); // another source port
+    a.refused(&wire::poll(50, 1_000_000), 50, Refusal::BadOffset);
+    let (text, fin) = a.poll_to_end(50);
+    assert_eq!(fin[4], 2, "max tokens");
+    assert_eq!(fin[6], 8, "8 tokens generated");
+    let (ids, _) = reference(&dir, &prompt, 8, &[]);
+    assert_eq!(text, text_of(&tok, &ids, false).into_bytes());
+    // a request sent again is answered, not started again
+    let r = a.ask(&wire::request(50, 8, &prompt));
+    assert_eq!((wire::word(&r, 1), wire::word(&r, 2)), (wire::ACCEPTED, 50));
+    let mut buf = [0u8; 2048];
+    assert!(
+        listener.recv(&mut buf).is_err(),
+        "a datagram the kernel answered reached the socket"
+    );
+    let s = Installed::open(name).unwrap().status().unwrap();
+    println!("{s}");
+    let counts: Vec<(Refusal, u64)> = s.refused.iter().copied().filter(|c| c.1 > 0).collect();
+    assert_eq!(
+        counts,
+        [
+            (Refusal::Malformed, 4),
+            (Refusal::TokenOutOfRange, 1),
+            (Refusal::Limit, 3),
+            (Refusal::UnknownRequest, 2),
+            (Refusal::BadOffset, 1),
+        ]
+    );
+    assert_eq!((s.accepted, s.repeats, s.tokens), (1, 1, 8));
+    // from a source not configured, or to another port: passed to the stack untouched
+    listener.set_nonblocking(false).unwrap();
+    listener
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let stranger = UdpSocket::bind("127.0.0.2:0").unwrap();
+    let d = wire::request(60, 8, &prompt);
+    stranger.send_to(&d, server).unwrap();
+    let n = listener.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], &d[..], "from 127.0.0.2");
+    let other = UdpSocket::bind(("127.0.0.1", port + 1)).unwrap();
+    other
+        .set_read_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    a.sock.send_to(&d, ("127.0.0.1", port + 1)).unwrap();
+    let n = other.recv(&mut buf).unwrap();
+    assert_eq!(&buf[..n], &d[..], "to another port");
+    let after = Installed::open(name).unwrap().status().unwrap();
+    assert_eq!(
+        (after.accepted, after.refused.clone(), after.polls),
+        (s.accepted, s.refused.clone(), s.polls),
+        "passed datagrams are not counted"
+    );
+}
+
+#[test]
+fn a_full_text_buffer_ends_with_length_and_silent_clients_lose_their_slot() {
+    let _serial = serial();
+    let dir = common::tiny_model_with_tokenizer("serve");
+    let tok = Tokenizer::from_model_dir(&dir).unwrap();
+    let prompt = [785, 3974, 13876];
+    let server: SocketAddr = (Ipv4Addr::LOCALHOST, 47_303).into();
+    {
+        let name = "test-serve-length";
+        let _cleanup = Installation::new(name);
+        let cfg = InstallConfig {
+            text_bytes: 16,
+            max_new: 40,
+            ..InstallConfig::loopback(server.port())
+        };
+        install_in_process(&dir, name, 1, CTX, &cfg);
+        let (text, fin) = Client::new("127.0.0.1:0", server).generate(1, 40, &prompt);
+        let (ids, _) = reference(&dir, &prompt, 40, &[]);
+        // the whole tokens whose bytes fit 16
+        let mut want = Vec::new();
+        let mut fitted = 0;
+        for &t in &ids {
+            let b = tok.token_bytes(t).unwrap();
+            if want.len() + b.len() > 16 {
+                break;
+            }
+            want.extend_from_slice(&b);
+            fitted += 1;
+        }
+        assert_eq!(text, want);
+        assert_eq!(fin[4], 4, "finish: length");
+        assert_eq!(
+            fin[6],
+            fitted + 1,
+            "the tokens that fit and the one that did not"
+        );
+    }
+    let name = "test-serve-timeout";
+    let _cleanup = Installation::new(name);
+    let cfg = InstallConfig {
+        timeout: Duration::from_secs(1),
+        max_new: 1000,
+        ..InstallConfig::loopback(server.port())
+    };
+    install_in_process(&dir, name, 1, 1024, &cfg);
+    let installed = Installed::open(name).unwrap();
+    let (a, b) = (
+        Client::new("127.0.0.1:0", server),
+        Client::new("127.0.0.1:0", server),
+    );
+    // a long generation nobody polls: its worker gives the slot back after the timeout
+    let r = a.ask(&wire::request(1, 1000, &prompt));
+    assert_eq!(wire::word(&r, 1), wire::ACCEPTED);
+    b.refused(&wire::request(2, 4, &prompt), 2, Refusal::Busy);
+    assert!(
+        eventually(Duration::from_secs(5), || installed
+            .status()
+            .unwrap()
+            .reclaimed
+            == 1),
+        "the silent running request was given back"
+    );
+    let s = installed.status().unwrap();
+    assert_eq!((s.slots_busy, s.slots_finished), (0, 0), "{s}");
+    assert!(s.tokens < 1000, "stopped early: {s}");
+    a.refused(&wire::poll(1, 0), 1, Refusal::UnknownRequest);
+    // a finished one nobody polls keeps its slot until the timeout, then a request takes it
+    let r = a.ask(&wire::request(3, 2, &prompt));
+    assert_eq!(wire::word(&r, 1), wire::ACCEPTED);
+    assert!(eventually(Duration::from_millis(900), || {
+        installed.status().unwrap().slots_finished == 1
+    }));
+    b.refused(&wire::request(4, 2, &prompt), 4, Refusal::Busy);
+    std::thread::sleep(Duration::from_millis(1200));
+    let r = b.ask(&wire::request(5, 2, &prompt));
+    assert_eq!((wire::word(&r, 1), wire::word(&r, 2)), (wire::ACCEPTED, 5));
+    a.refused(&wire::poll(3, 0), 3, Refusal::UnknownRequest);
+    let (_, fin) = b.poll_to_end(5);
+    assert_eq!(fin[4], 2);
+    // and once its FINAL record was sent, the slot is free at once
+    let (_, fin) = a.generate(6, 2, &prompt);
+    assert_eq!(fin[4], 2);
+    let s = installed.status().unwrap();
+    println!("{s}");
+    assert_eq!(
+        (s.accepted, s.reclaimed, s.refused_for(Refusal::Busy)),
+        (4, 2, 2)
+    );
+}
+
+#[test]
+fn ask_prints_the_text_and_gives_up_when_nothing_answers() {
+    let _serial = serial();
+    let dir = common::tiny_model_with_tokenizer("serve");
+    let tok = Tokenizer::from_model_dir(&dir).unwrap();
+    let ask = common::example_bin("ask");
+    let port = 47_304u16;
+    let t = Instant::now();
+    let out = Command::new(&ask)
+        .args(["--port", &port.to_string(), "--tokenizer"])
+        .arg(common::tokenizer_path())
+        .arg("Hello")
+        .output()
+        .unwrap();
+    let took = t.elapsed();
+    assert!(!out.status.success(), "ask with nothing on the port");
+    assert!(took < Duration::from_secs(10), "gave up after {took:?}");
+    let name = "test-serve-ask";
+    let _cleanup = Installation::new(name);
+    let cfg = InstallConfig {
+        stop_tokens: tok.eos_ids(),
+        ..InstallConfig::loopback(port)
+    };
+    install_in_process(&dir, name, 2, CTX, &cfg);
+    let prompt = "The old lighthouse keeper";
+    let (ids, stopped) = reference(&dir, &tok.encode(prompt).unwrap(), 20, &tok.eos_ids());
+    let out = run(Command::new(&ask)
+        .args(["--port", &port.to_string(), "--max-tokens", "20", "--model"])
+        .arg(&dir)
+        .arg(prompt));
+    assert_eq!(out, text_of(&tok, &ids, stopped), "ask's stdout");
+}
+
+/// A network namespace with a veth pair to it, deleted (with the pair) when dropped.
+struct Netns(&'static str);
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip").args(["netns", "del", self.0]).output();
+    }
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Attaches a program that passes every frame (`r0 = XDP_PASS; exit`) to `dev` in namespace
+/// `ns`, in native mode. A veth delivers the frames its peer sends with XDP_TX only when it
+/// has an XDP program of its own (its NAPI and XDP ring exist only then).
+fn attach_pass_program(ns: &str, dev: &str) {
+    use libbpf_rs::libbpf_sys;
+    let insns: [[u8; 8]; 2] = [[0xb7, 0, 0, 0, 2, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]];
+    // SAFETY: two valid instructions, a NUL-terminated licence; a non-negative result is an fd.
+    let fd = unsafe {
+        libbpf_sys::bpf_prog_load(
+            libbpf_sys::BPF_PROG_TYPE_XDP,
+            c"pass".as_ptr(),
+            c"GPL".as_ptr(),
+            insns.as_ptr().cast(),
+            2,
+            std::ptr::null_mut(),
+        )
+    };
+    assert!(
+        fd >= 0,
+        "loading the pass program: {}",
+        std::io::Error::last_os_error()
+    );
+    in_netns(ns, || {
+        let name = std::ffi::CString::new(dev).unwrap();
+        // SAFETY: a NUL-terminated name; the program fd above; no options.
+        let rc = unsafe {
+            let ifindex = libc::if_nametoindex(name.as_ptr()) as i32;
+            libbpf_sys::bpf_xdp_attach(
+                ifindex,
+                fd,
+                libbpf_sys::XDP_FLAGS_DRV_MODE,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(rc, 0, "attaching the pass program to {dev} in {ns}");
+    });
+    // SAFETY: our fd, closed once (the attachment holds the program).
+    unsafe { libc::close(fd) };
+}
+
+/// Runs `f` on a thread inside network namespace `ns`.
+fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setns on this thread only, with an open namespace file.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+#[test]
+fn on_a_veth_pair_in_native_mode_a_client_in_a_namespace_is_answered() {
+    let _serial = serial();
+    let dir = common::tiny_model_with_tokenizer("serve");
+    let tok = Tokenizer::from_model_dir(&dir).unwrap();
+    let (ns, host, peer) = ("qbpf-serve-test", "qbs-h", "qbs-n");
+    let _ = Command::new("ip").args(["netns", "del", ns]).output(); // left by a killed run
+    ip(&["netns", "add", ns]);
+    let _netns = Netns(ns);
+    ip(&[
+        "link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns,
+    ]);
+    ip(&["addr", "add", "10.203.0.1/24", "dev", host]);
+    ip(&["link", "set", host, "up"]);
+    ip(&["-n", ns, "addr", "add", "10.203.0.2/24", "dev", peer]);
+    ip(&["-n", ns, "link", "set", peer, "up"]);
+    ip(&["-n", ns, "link", "set", "lo", "up"]);
+    attach_pass_program(ns, peer);
+    let (name, port) = ("test-serve-veth", 47_305u16);
+    let _cleanup = Installation::new(name);
+    let cfg = InstallConfig {
+        xdp_mode: XdpMode::Native,
+        stop_tokens: tok.eos_ids(),
+        ..InstallConfig::on_interface(host, port, vec![Ipv4Addr::new(10, 203, 0, 2)])
+    };
+    install_in_process(&dir, name, 2, CTX, &cfg);
+    let link = Command::new("ip")
+        .args(["link", "show", host])
+        .output()
+        .unwrap();
+    let link = String::from_utf8_lossy(&link.stdout);
+    assert!(
+        link.contains(" xdp ") && !link.contains("xdpgeneric"),
+        "attached in native mode: {link}"
+    );
+    let prompt_text = "The old lighthouse keeper";
+    let prompt = tok.encode(prompt_text).unwrap();
+    let (ids, stopped) = reference(&dir, &prompt, 16, &tok.eos_ids());
+    let want = text_of(&tok, &ids, stopped);
+    let server: SocketAddr = (Ipv4Addr::new(10, 203, 0, 1), port).into();
+    let (text, fin) = in_netns(ns, || {
+        Client::new("10.203.0.2:0", server).generate(9, 16, &prompt)
+    });
+    assert_eq!(String::from_utf8(text).unwrap(), want);
+    assert_eq!(fin[6], ids.len() as u32);
+    // and ask, run inside the namespace
+    let out = run(Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(common::example_bin("ask"))
+        .args(["--host", "10.203.0.1", "--port", &port.to_string()])
+        .args(["--max-tokens", "16", "--model"])
+        .arg(&dir)
+        .arg(prompt_text));
+    assert_eq!(out, want, "ask's stdout in the namespace");
+    let s = Installed::open(name).unwrap().status().unwrap();
+    println!("{s}");
+    assert_eq!((s.accepted, s.reply_failures), (2, 0));
+    assert_eq!(s.interface.as_deref(), Some(host));
+}
