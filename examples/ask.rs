@@ -8,7 +8,7 @@
 //! Tokenizes the prompt in user space (requests carry token ids for now), sends the request
 //! datagram, polls the text until the final record and prints exactly the generated text to
 //! stdout; a summary goes to stderr. Exits non-zero when the request is refused, or when nothing
-//! answers for 10 s.
+//! answers: within 9 s of starting for the request (`--timeout`), 9 s for each poll.
 
 mod common;
 
@@ -47,14 +47,16 @@ struct Args {
     /// Wrap the prompt in the Qwen3 chat template (one user turn).
     #[arg(long)]
     chat: bool,
-    /// Seconds without an answer after which ask gives up.
-    #[arg(long, default_value_t = 10.0)]
+    /// Seconds without an answer after which ask gives up (the first answer counts from the
+    /// start of ask).
+    #[arg(long, default_value_t = 9.0)]
     timeout: f64,
 }
 
 fn main() -> ExitCode {
+    let start = Instant::now(); // the request's answer must come within --timeout of it
     match common::parse_args::<Args>() {
-        Ok(args) => common::exit_with("ask", run(&args)),
+        Ok(args) => common::exit_with("ask", run(&args, start)),
         Err(code) => code,
     }
 }
@@ -74,11 +76,16 @@ fn tokenizer(args: &Args) -> Result<Tokenizer> {
     }
 }
 
-/// Sends `datagram` and waits for the reply to it (resending every 500 ms) until `give_up`
-/// without one.
-fn exchange(sock: &UdpSocket, datagram: &[u8], request: u32, give_up: Duration) -> Result<Reply> {
+/// Sends `datagram` (the `what`) and waits for the reply to it, resending every 500 ms, until
+/// `end`.
+fn exchange(
+    sock: &UdpSocket,
+    datagram: &[u8],
+    what: &str,
+    request: u32,
+    end: Instant,
+) -> Result<Reply> {
     let io = |e: std::io::Error| Error::Invalid(format!("UDP: {e}"));
-    let end = Instant::now() + give_up;
     let mut buf = vec![0u8; 2048];
     loop {
         sock.send(datagram).map_err(io)?;
@@ -101,8 +108,7 @@ fn exchange(sock: &UdpSocket, datagram: &[u8], request: u32, give_up: Duration) 
         }
         if Instant::now() >= end {
             return Err(Error::Invalid(format!(
-                "no answer for {:.0} s: is a model installed on that port (serve status)?",
-                give_up.as_secs_f64()
+                "no answer to the {what}: is a model installed on that port (serve status)?"
             )));
         }
     }
@@ -118,7 +124,7 @@ fn reply_request(r: &Reply) -> u32 {
     }
 }
 
-fn run(args: &Args) -> Result<()> {
+fn run(args: &Args, start: Instant) -> Result<()> {
     let tok = tokenizer(args)?;
     let prompt = if args.chat {
         tok.encode_chat(&args.prompt)?
@@ -146,7 +152,8 @@ fn run(args: &Args) -> Result<()> {
         .map_or(0, |d| d.subsec_nanos());
     let request = nanos ^ std::process::id().rotate_left(16);
     let t0 = Instant::now();
-    match exchange(&sock, &request_datagram(request, args.max_tokens, &prompt), request, give_up)? {
+    let datagram = request_datagram(request, args.max_tokens, &prompt);
+    match exchange(&sock, &datagram, "request", request, start + give_up)? {
         Reply::Accepted { .. } => {}
         Reply::Refused { reason, code, .. } => {
             return Err(Error::Invalid(format!(
@@ -160,7 +167,8 @@ fn run(args: &Args) -> Result<()> {
     let mut offset = 0u32;
     let mut first = None;
     loop {
-        match exchange(&sock, &poll_datagram(request, offset), request, give_up)? {
+        let poll = poll_datagram(request, offset);
+        match exchange(&sock, &poll, "poll", request, Instant::now() + give_up)? {
             // a late copy of an earlier poll's reply
             Reply::Text { offset: at, .. } if at != offset => continue,
             Reply::Text { bytes, .. } => {

@@ -108,7 +108,9 @@ fn parse_xdp_mode(s: &str) -> std::result::Result<XdpMode, String> {
         "auto" => Ok(XdpMode::Auto),
         "generic" | "skb" => Ok(XdpMode::Generic),
         "native" | "driver" => Ok(XdpMode::Native),
-        _ => Err(format!("unknown XDP mode {s:?}; known: auto, generic, native")),
+        _ => Err(format!(
+            "unknown XDP mode {s:?}; known: auto, generic, native"
+        )),
     }
 }
 

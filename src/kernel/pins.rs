@@ -92,7 +92,9 @@ pub fn ensure_bpffs() -> Result<()> {
         return Err(fail(std::io::Error::last_os_error()));
     }
     if !is_bpffs(root) {
-        return Err(fail(std::io::Error::other("mounted, but statfs does not see a BPF filesystem")));
+        return Err(fail(std::io::Error::other(
+            "mounted, but statfs does not see a BPF filesystem",
+        )));
     }
     log::info!("mounted the BPF filesystem at {BPFFS}");
     Ok(())
@@ -135,11 +137,15 @@ impl Ops {
         opts.flags = mode.flags();
         let prog = self.skel.progs.ev_xdp.as_fd().as_raw_fd();
         // SAFETY: a loaded XDP program's fd and a sized, zero-initialised opts.
-        let fd = unsafe { libbpf_sys::bpf_link_create(prog, ifindex as i32, libbpf_sys::BPF_XDP, &opts) };
+        let fd = unsafe {
+            libbpf_sys::bpf_link_create(prog, ifindex as i32, libbpf_sys::BPF_XDP, &opts)
+        };
         if fd < 0 {
             let e = std::io::Error::last_os_error();
             return Err(Error::Bpf {
-                what: format!("attaching the event path's XDP program to interface {ifindex} ({mode:?} mode)"),
+                what: format!(
+                    "attaching the event path's XDP program to interface {ifindex} ({mode:?} mode)"
+                ),
                 detail: match e.raw_os_error() {
                     Some(libc::EBUSY) | Some(libc::EEXIST) => {
                         format!("{e}: the interface has an XDP program already")

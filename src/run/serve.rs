@@ -44,7 +44,7 @@ pub struct InstallConfig {
     pub timeout: Duration,
     /// How the XDP program is attached.
     pub xdp_mode: XdpMode,
-    /// The most text bytes a request generates (at most [`TEXT_BYTES_MAX`]); a generation
+    /// The most text bytes a request generates (at most 16 KiB, the slot's buffer); a generation
     /// whose next token's text would not fit ends with [`crate::run::wire::Finish::Length`].
     pub text_bytes: usize,
 }
@@ -97,7 +97,7 @@ fn check_name(name: &str) -> Result<()> {
 impl Model {
     /// Installs the model in the kernel as `name`: attaches the event path's XDP program to
     /// `cfg.interface` for datagrams to `cfg.port` from `cfg.sources`, answering them itself,
-    /// and pins the program, its link and maps under [`pin_dir`]`(name)` (mounting the BPF
+    /// and pins the program, its link and maps under `/sys/fs/bpf/qwen_bpf/NAME` (mounting the BPF
     /// filesystem at `/sys/fs/bpf` if needed). The model is consumed: when it is dropped, the
     /// process's handles close and the installed model serves on alone until
     /// [`Installed::remove`].
@@ -283,7 +283,11 @@ impl std::fmt::Display for InstallStatus {
         )?;
         writeln!(f, "tokens generated: {}", self.tokens)?;
         if self.reply_failures > 0 {
-            writeln!(f, "replies that could not be built: {}", self.reply_failures)?;
+            writeln!(
+                f,
+                "replies that could not be built: {}",
+                self.reply_failures
+            )?;
         }
         write!(
             f,
@@ -352,7 +356,11 @@ impl Installed {
             // SAFETY: buf has IF_NAMESIZE bytes, as if_indextoname needs.
             let p = unsafe { libc::if_indextoname(cfg.ifindex, buf.as_mut_ptr()) };
             // SAFETY: on success buf holds a NUL-terminated name.
-            (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
+            (!p.is_null()).then(|| {
+                unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
         };
         Ok(InstallStatus {
             name: self.name.clone(),
@@ -365,7 +373,11 @@ impl Installed {
                 .collect(),
             slots: s.slot_states.len(),
             // EV_BUSY, or EV_CLAIMED while a request is being set up
-            slots_busy: s.slot_states.iter().filter(|&&st| st == 1 || st == 3).count(),
+            slots_busy: s
+                .slot_states
+                .iter()
+                .filter(|&&st| st == 1 || st == 3)
+                .count(),
             slots_finished: s.slot_states.iter().filter(|&&st| st == 2).count(),
             accepted: b.ev_accepted,
             refused: Refusal::ALL

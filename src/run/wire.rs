@@ -140,7 +140,9 @@ impl Reply {
     /// Parses a reply; `None` for a datagram that is not one.
     pub fn parse(d: &[u8]) -> Option<Reply> {
         let w = |i: usize| -> Option<u32> {
-            Some(u32::from_le_bytes(d.get(4 * i..4 * i + 4)?.try_into().ok()?))
+            Some(u32::from_le_bytes(
+                d.get(4 * i..4 * i + 4)?.try_into().ok()?,
+            ))
         };
         if w(0)? != REPLY_MAGIC {
             return None;
