@@ -7,7 +7,7 @@
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::kernel::{plan, ring};
 use qwen_bpf::num::{kv8, swar};
-use qwen_bpf::run::{event, in_kernel};
+use qwen_bpf::run::{event, in_kernel, wire};
 
 #[test]
 fn every_constant_shared_by_c_and_rust_is_the_same_on_both_sides() {
@@ -133,6 +133,56 @@ fn every_constant_shared_by_c_and_rust_is_the_same_on_both_sides() {
             "EV_R_LIMIT vs event::R_LIMIT",
             c.ev_r_limit as i64,
             event::R_LIMIT as i64,
+        ),
+        (
+            "EV_R_UNKNOWN vs event::R_UNKNOWN",
+            c.ev_r_unknown as i64,
+            event::R_UNKNOWN as i64,
+        ),
+        (
+            "EV_R_OFFSET vs event::R_OFFSET",
+            c.ev_r_offset as i64,
+            event::R_OFFSET as i64,
+        ),
+        (
+            "EV_POLL_MAGIC vs wire::POLL_MAGIC",
+            c.ev_poll_magic as i64,
+            wire::POLL_MAGIC as i64,
+        ),
+        (
+            "EV_REPLY_MAGIC vs wire::REPLY_MAGIC",
+            c.ev_reply_magic as i64,
+            wire::REPLY_MAGIC as i64,
+        ),
+        (
+            "EV_K_ACCEPTED vs wire::KIND_ACCEPTED",
+            c.ev_k_accepted as i64,
+            wire::KIND_ACCEPTED as i64,
+        ),
+        (
+            "EV_K_REFUSED vs wire::KIND_REFUSED",
+            c.ev_k_refused as i64,
+            wire::KIND_REFUSED as i64,
+        ),
+        (
+            "EV_K_TEXT vs wire::KIND_TEXT",
+            c.ev_k_text as i64,
+            wire::KIND_TEXT as i64,
+        ),
+        (
+            "EV_K_FINAL vs wire::KIND_FINAL",
+            c.ev_k_final as i64,
+            wire::KIND_FINAL as i64,
+        ),
+        (
+            "EV_TEXT_REPLY_MAX vs wire::TEXT_REPLY_MAX",
+            c.ev_text_reply_max as i64,
+            wire::TEXT_REPLY_MAX as i64,
+        ),
+        (
+            "EV_POLL_MIN vs wire::POLL_MIN_BYTES",
+            c.ev_poll_min as i64,
+            wire::POLL_MIN_BYTES as i64,
         ),
         (
             "GEN_STOPS_MAX vs in_kernel::STOPS_MAX",

@@ -711,7 +711,9 @@ struct constants_args {
 	s32 plan_e_barrier, plan_e_args;
 	u32 ev_slots_max, ev_prompt_max, ev_magic, ev_sources_max;
 	u32 rec_token, rec_done, rec_refused;
-	u32 ev_r_busy, ev_r_malformed, ev_r_token, ev_r_limit;
+	u32 ev_r_busy, ev_r_malformed, ev_r_token, ev_r_limit, ev_r_unknown, ev_r_offset;
+	u32 ev_poll_magic, ev_reply_magic, ev_k_accepted, ev_k_refused, ev_k_text, ev_k_final;
+	u32 ev_text_reply_max, ev_poll_min;
 	u32 gen_stops_max, gen_text_max, gen_more, gen_stop, gen_max, gen_full;
 	u32 sw_group, sw_scale_shift, sw_kmax;
 	u32 kv8_qmax, kv8_hd_max;
@@ -747,6 +749,16 @@ int constants(struct constants_args *a)
 	a->ev_r_malformed = EV_R_MALFORMED;
 	a->ev_r_token = EV_R_TOKEN;
 	a->ev_r_limit = EV_R_LIMIT;
+	a->ev_r_unknown = EV_R_UNKNOWN;
+	a->ev_r_offset = EV_R_OFFSET;
+	a->ev_poll_magic = EV_POLL_MAGIC;
+	a->ev_reply_magic = EV_REPLY_MAGIC;
+	a->ev_k_accepted = EV_K_ACCEPTED;
+	a->ev_k_refused = EV_K_REFUSED;
+	a->ev_k_text = EV_K_TEXT;
+	a->ev_k_final = EV_K_FINAL;
+	a->ev_text_reply_max = EV_TEXT_REPLY_MAX;
+	a->ev_poll_min = EV_POLL_MIN;
 	a->gen_stops_max = GEN_STOPS_MAX;
 	a->gen_text_max = GEN_TEXT_MAX;
 	a->gen_more = GEN_MORE;
