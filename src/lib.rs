@@ -78,15 +78,15 @@ pub use hf::checkpoint::Checkpoint;
 pub use hf::config::{Config, RopeParameters};
 pub use hf::default_model::{default_model_dir, ensure_default_model, TOKENIZER_ENV};
 pub use hf::tokenizer::{TextStream, Tokenizer};
+pub use kernel::pins::XdpMode;
 pub use model::kv::saved_position;
 pub use model::{KernelMemory, Model, ModelOptions};
-pub use kernel::pins::XdpMode;
 pub use run::event::{request_datagram, Event, EventConfig, EventCounters, EventServer, Refusal};
-pub use run::serve::{InstallConfig, InstallStatus, Installed};
-pub use run::wire;
 pub use run::generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
 pub use run::in_kernel::{KernelGeneration, KernelText};
 pub use run::sampling::{Candidate, Sampler, SamplingParams};
+pub use run::serve::{InstallConfig, InstallStatus, Installed};
+pub use run::wire;
 pub use types::{Backend, Dispatch, KvFormat};
 pub use verify::reference::Reference;
 

@@ -126,6 +126,18 @@ struct {
 	__type(value, struct ev_out);
 } ev_out SEC(".maps");
 
+/* A request's prompt, staged and checked before a slot is claimed for it. */
+struct ev_stage {
+	u32 prompt[EV_PROMPT_MAX];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, u32);
+	__type(value, struct ev_stage);
+} ev_stage SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, EV_SLOTS_MAX);
@@ -184,10 +196,11 @@ static int ev_work(void *map, int *key, void *value)
 		bpf_wq_start(&s->wq, 0);
 		return 0;
 	}
-	/* pos carries the last token generated: the stop token when it stopped */
+	/* counted before the record: a reader that saw the record sees the count. pos carries the
+	 * last token generated: the stop token when it stopped */
+	__sync_fetch_and_add(&ev_done, 1);
 	if (ev_cfg.flags & EV_F_RING)
 		ev_record(REC_DONE, r ? (u32)r : (u32)s->args.status, s->args.request, s->args.next);
-	__sync_fetch_and_add(&ev_done, 1);
 	if (ev_cfg.flags & EV_F_REPLY) {
 		/* the outcome before the state (an exchange: a full barrier) */
 		s->finish = r ? r : s->args.status;
@@ -202,14 +215,20 @@ static int ev_work(void *map, int *key, void *value)
 SEC("syscall")
 int ev_setup(void *ctx)
 {
+	int err;
+
 	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
 		u32 k = i;
 		struct ev_slot *s = bpf_map_lookup_elem(&ev_slots, &k);
 
 		if (!s)
 			return 1;
-		if (bpf_wq_init(&s->wq, &ev_slots, 0) || bpf_wq_set_callback_impl(&s->wq, ev_work, 0, 0))
-			return 2;
+		err = bpf_wq_init(&s->wq, &ev_slots, 0);
+		if (err)
+			return 2 << 16 | (-err & 0xffff); /* which step failed, and its errno */
+		err = bpf_wq_set_callback_impl(&s->wq, ev_work, 0, 0);
+		if (err)
+			return 3 << 16 | (-err & 0xffff);
 	}
 	return 0;
 }
@@ -489,7 +508,8 @@ int ev_xdp(struct xdp_md *ctx)
 	u8 hdr[EV_HDR];
 	struct ev_head h;
 	struct ev_slot *s = 0;
-	u32 ihl, off, len, src, sport, dport, bytes, magic, ok = 0, slot = 0, dup;
+	struct ev_stage *st;
+	u32 ihl, off, len, src, sport, dport, bytes, magic, ok = 0, slot = 0, dup, zero = 0;
 
 	if (ctx->ingress_ifindex != ev_cfg.ifindex)
 		return XDP_PASS;
@@ -532,21 +552,30 @@ int ev_xdp(struct xdp_md *ctx)
 			return ev_answer(ctx, hdr, EV_K_ACCEPTED, h.request, h.n, h.max_new);
 		}
 	}
+	/* the prompt is staged and checked before a slot is claimed: an invalid request is refused
+	 * for what is wrong with it, whether or not a slot is free */
+	st = bpf_map_lookup_elem(&ev_stage, &zero);
+	if (!st)
+		return XDP_DROP;
+	bytes = h.n * 4;
+	if (bytes == 0 || bytes > sizeof(st->prompt) ||
+	    bpf_xdp_load_bytes(ctx, off + sizeof(h), st->prompt, bytes))
+		return ev_refuse(EV_R_MALFORMED, h.request);
+	for (u32 i = 0; i < EV_PROMPT_MAX; i++) {
+		if (i >= h.n)
+			break;
+		if (st->prompt[i] >= ev_cfg.vocab)
+			return ev_refuse(EV_R_TOKEN, h.request);
+	}
 	slot = ev_claim();
 	if (slot < EV_SLOTS_MAX)
 		s = bpf_map_lookup_elem(&ev_slots, &slot);
 	if (!s)
 		return ev_refuse(EV_R_BUSY, h.request);
-	bytes = h.n * 4;
-	if (bytes == 0 || bytes > sizeof(s->prompt) || bpf_xdp_load_bytes(ctx, off + sizeof(h), s->prompt, bytes))
-		goto malformed;
 	for (u32 i = 0; i < EV_PROMPT_MAX; i++) {
 		if (i >= h.n)
 			break;
-		if (s->prompt[i] >= ev_cfg.vocab) {
-			__sync_lock_test_and_set(&s->state, EV_FREE);
-			return ev_refuse(EV_R_TOKEN, h.request);
-		}
+		s->prompt[i] = st->prompt[i];
 	}
 	s->args = ev_template[slot & (EV_SLOTS_MAX - 1)];
 	s->args.n_prompt = h.n;
@@ -570,7 +599,4 @@ int ev_xdp(struct xdp_md *ctx)
 	if (ev_cfg.flags & EV_F_REPLY)
 		return ev_answer(ctx, hdr, EV_K_ACCEPTED, h.request, h.n, h.max_new);
 	return XDP_DROP;
-malformed:
-	__sync_lock_test_and_set(&s->state, EV_FREE);
-	return ev_refuse(EV_R_MALFORMED, h.request);
 }

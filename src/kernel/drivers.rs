@@ -211,7 +211,11 @@ impl Ops {
                         what: "initialising the event path's BPF workqueue items".into(),
                         feature: "BPF workqueues (bpf_wq)",
                         needs: "Linux >= 6.10",
-                        detail: format!("ev_setup returned {rc}"),
+                        detail: format!(
+                            "ev_setup: {} failed: {}",
+                            if rc >> 16 == 3 { "bpf_wq_set_callback" } else { "bpf_wq_init" },
+                            std::io::Error::from_raw_os_error(rc as i32 & 0xffff)
+                        ),
                     })
                 }
             }

@@ -22,6 +22,7 @@ mod rng;
 #[allow(unused_imports)] // not every test uses it
 pub use rng::Rng;
 pub mod safety;
+pub mod serve;
 
 /// The workspace root (the directory holding `Cargo.lock`), from this package's or a member's
 /// manifest directory.

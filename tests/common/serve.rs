@@ -1,0 +1,209 @@
+//! The clients of the installed-model tests (tests/serve*.rs): the wire format written out from
+//! the byte tables of docs/in-kernel.md with plain `std::net::UdpSocket`s, not the crate's
+//! helpers, and an installation removed when dropped.
+
+use std::net::{SocketAddr, UdpSocket};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use qwen_bpf::{
+    Backend, Dispatch, InstallConfig, Installed, Model, ModelOptions, Refusal, Tokenizer,
+};
+
+/// The context of the installed test models.
+pub const CTX: usize = 64;
+
+/// The wire format, written out from the tables of docs/in-kernel.md.
+pub mod wire {
+    pub const REQUEST: u32 = 0x4650_4251; // "QBPF"
+    pub const POLL: u32 = 0x4C50_4251; // "QBPL"
+    pub const REPLY: u32 = 0x5250_4251; // "QBPR"
+    pub const ACCEPTED: u32 = 1;
+    pub const REFUSED: u32 = 2;
+    pub const TEXT: u32 = 3;
+    pub const FINAL: u32 = 4;
+
+    pub fn words(w: &[u32]) -> Vec<u8> {
+        w.iter().flat_map(|w| w.to_le_bytes()).collect()
+    }
+
+    pub fn request(id: u32, max_new: u32, prompt: &[u32]) -> Vec<u8> {
+        let mut w = vec![REQUEST, id, max_new, prompt.len() as u32];
+        w.extend_from_slice(prompt);
+        words(&w)
+    }
+
+    /// A poll padded to 1044 bytes: room for a reply with 1024 text bytes.
+    pub fn poll(id: u32, offset: u32) -> Vec<u8> {
+        let mut d = words(&[POLL, id, offset]);
+        d.resize(1044, 0);
+        d
+    }
+
+    pub fn word(d: &[u8], i: usize) -> u32 {
+        u32::from_le_bytes(d[4 * i..4 * i + 4].try_into().unwrap())
+    }
+}
+
+/// A UDP client of the installed model.
+pub struct Client {
+    pub sock: UdpSocket,
+}
+
+impl Client {
+    pub fn new(bind: &str, server: SocketAddr) -> Client {
+        let sock = UdpSocket::bind(bind).unwrap();
+        sock.connect(server).unwrap();
+        sock.set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        Client { sock }
+    }
+
+    /// Sends `d` and returns the reply to it (sent again every 200 ms; panics after 10 s).
+    pub fn ask(&self, d: &[u8]) -> Vec<u8> {
+        let end = Instant::now() + Duration::from_secs(10);
+        let mut buf = vec![0u8; 4096];
+        while Instant::now() < end {
+            self.sock.send(d).unwrap();
+            if let Ok(n) = self.sock.recv(&mut buf) {
+                assert!(n >= 20, "a reply of {n} bytes");
+                assert_eq!(wire::word(&buf, 0), wire::REPLY, "the reply magic");
+                return buf[..n].to_vec();
+            }
+        }
+        panic!("no reply in 10 s to a datagram of {} bytes", d.len());
+    }
+
+    /// Requests a generation, polls it to its end: the text and the FINAL record's words.
+    pub fn generate(&self, id: u32, max_new: u32, prompt: &[u32]) -> (Vec<u8>, Vec<u32>) {
+        let r = self.ask(&wire::request(id, max_new, prompt));
+        assert_eq!(
+            (wire::word(&r, 1), wire::word(&r, 2)),
+            (wire::ACCEPTED, id),
+            "ACCEPTED {id}"
+        );
+        assert_eq!(
+            (wire::word(&r, 3), wire::word(&r, 4)),
+            (prompt.len() as u32, max_new)
+        );
+        self.poll_to_end(id)
+    }
+
+    pub fn poll_to_end(&self, id: u32) -> (Vec<u8>, Vec<u32>) {
+        let mut text = Vec::new();
+        let end = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < end {
+            let r = self.ask(&wire::poll(id, text.len() as u32));
+            assert_eq!(wire::word(&r, 2), id);
+            match wire::word(&r, 1) {
+                wire::TEXT => {
+                    assert_eq!(wire::word(&r, 3) as usize, text.len(), "the offset echoed");
+                    let n = wire::word(&r, 4) as usize;
+                    assert_eq!(r.len(), 20 + n, "TEXT carries its n bytes");
+                    text.extend_from_slice(&r[20..]);
+                    if n == 0 {
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+                wire::FINAL => {
+                    assert_eq!(r.len(), 32, "FINAL is 8 words");
+                    assert_eq!(wire::word(&r, 3) as usize, text.len(), "the whole text");
+                    return (text, (0..8).map(|i| wire::word(&r, i)).collect());
+                }
+                k => panic!("reply kind {k} to a poll: {r:?}"),
+            }
+        }
+        panic!("request {id} did not end in 60 s");
+    }
+
+    /// Expects a REFUSED reply to `d` with `reason` for `request`.
+    pub fn refused(&self, d: &[u8], request: u32, reason: Refusal) {
+        let r = self.ask(d);
+        assert_eq!(
+            (wire::word(&r, 1), wire::word(&r, 2), wire::word(&r, 3)),
+            (wire::REFUSED, request, reason.code()),
+            "REFUSED {request} as {reason:?}"
+        );
+    }
+}
+
+/// Removes installation `name` when dropped (and any left over by an earlier run when made),
+/// so that a failing test leaves no model in the kernel.
+pub struct Installation(String);
+
+impl Installation {
+    pub fn new(name: &str) -> Installation {
+        let _ = Installed::remove(name);
+        Installation(name.into())
+    }
+}
+
+impl Drop for Installation {
+    fn drop(&mut self) {
+        let _ = Installed::remove(&self.0);
+    }
+}
+
+/// Waits up to `limit` for `f` to hold.
+pub fn eventually(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+pub fn options(dir: &Path, slots: usize, ctx: usize) -> ModelOptions {
+    ModelOptions {
+        backend: Backend::Q24,
+        max_context: ctx,
+        event_slots: slots,
+        cache_dir: Some(dir.join("cache-q24")),
+        ..Default::default()
+    }
+}
+
+/// The tokens greedy per-operator generation gives (one thread), up to `n`, ending at a stop
+/// token (included, as the kernel counts it): the tokens and whether one stopped it.
+pub fn reference(dir: &Path, prompt: &[u32], n: usize, stops: &[u32]) -> (Vec<u32>, bool) {
+    let mut m = Model::open(
+        dir,
+        &ModelOptions {
+            dispatch: Dispatch::PerOp,
+            threads: 1,
+            ..options(dir, 0, CTX)
+        },
+    )
+    .unwrap();
+    let mut ids = super::greedy_tokens(&mut m, prompt, n);
+    match ids.iter().position(|t| stops.contains(t)) {
+        Some(i) => {
+            ids.truncate(i + 1);
+            (ids, true)
+        }
+        None => (ids, false),
+    }
+}
+
+/// The text of `ids` (a stop token at the end left out): the tokenizer's decoding, checked
+/// against the vocabulary bytes joined.
+pub fn text_of(tok: &Tokenizer, ids: &[u32], stopped: bool) -> String {
+    let ids = &ids[..ids.len() - stopped as usize];
+    let bytes: Vec<u8> = ids
+        .iter()
+        .flat_map(|&t| tok.token_bytes(t).unwrap())
+        .collect();
+    let text = tok.decode(ids).unwrap();
+    assert_eq!(text.as_bytes(), bytes, "decode vs the vocabulary's bytes");
+    text
+}
+
+pub fn install_in_process(dir: &Path, name: &str, slots: usize, ctx: usize, cfg: &InstallConfig) {
+    let tok = Tokenizer::from_model_dir(dir).unwrap();
+    let mut m = Model::open(dir, &options(dir, slots, ctx)).unwrap();
+    m.load_vocabulary(&tok).unwrap();
+    m.install(name, cfg).unwrap();
+}
