@@ -1,13 +1,15 @@
 //! Asks a model installed in the kernel (the `serve` example) for text.
 //!
 //! ```text
-//! cargo run --release --example ask -- --port P [--host H] [--model DIR | --tokenizer FILE] \
-//!     [--max-tokens N] [--chat] "prompt"
+//! cargo run --release --example ask -- --port P [--host H] [--chat] [--max-tokens N] \
+//!     [--temperature T --seed S [--top-k K] [--top-p P] [--min-p M] [--repetition-penalty R]] \
+//!     [--model DIR | --tokenizer FILE] "prompt"
 //! ```
 //!
-//! Tokenizes the prompt in user space (requests carry token ids for now), sends the request
-//! datagram, polls the text until the final record and prints exactly the generated text to
-//! stdout; a summary goes to stderr. Exits non-zero when the request is refused, or when nothing
+//! Sends the prompt as text (the kernel tokenizes it; `--chat` wraps it in the chat template),
+//! polls the text until the final record and prints exactly the generated text to stdout; a
+//! summary goes to stderr. Greedy unless `--temperature` is given. With `--model` or
+//! `--tokenizer` the prompt is tokenized here instead and sent as token ids (greedy only). Exits non-zero when the request is refused, or when nothing
 //! answers: within 9 s of starting for the request (`--timeout`), 9 s for each poll.
 
 mod common;
@@ -19,8 +21,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use qwen_bpf::wire::{poll_datagram, request_datagram, Reply};
-use qwen_bpf::{Error, Result, Tokenizer};
+use qwen_bpf::wire::{
+    poll_datagram, request_datagram, text_request_datagram, Reply, WireSampling, TEXT_IN_MAX,
+};
+use qwen_bpf::{Error, Result, SamplingParams, Tokenizer};
 
 /// Ask a model installed in the kernel: prints the generated text.
 #[derive(Debug, Parser)]
@@ -34,13 +38,30 @@ struct Args {
     /// The host it serves on (an IPv4 address or name).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
-    /// The model directory whose tokenizer.json tokenizes the prompt.
+    /// Tokenize here with this model directory's tokenizer.json and send token ids (greedy).
     #[arg(long, conflicts_with = "tokenizer")]
     model: Option<PathBuf>,
-    /// A tokenizer.json (default: the model directory's, else the Qwen3 tokenizer found beside
-    /// the source tree).
+    /// Tokenize here with this tokenizer.json and send token ids (greedy).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// Sample at this temperature (0: greedy, the default).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep only the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling: the smallest set of tokens whose probability reaches P.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Drop tokens less likely than M times the most likely one.
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Penalise tokens already in the prompt or the answer (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// The sampler's seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
     /// The most tokens to generate.
     #[arg(long, default_value_t = 64)]
     max_tokens: u32,
@@ -61,19 +82,50 @@ fn main() -> ExitCode {
     }
 }
 
-fn tokenizer(args: &Args) -> Result<Tokenizer> {
-    if let Some(t) = &args.tokenizer {
-        return Tokenizer::from_file(t);
+/// The request datagram: text for the kernel to tokenize, or (`--model`, `--tokenizer`) token
+/// ids made here.
+fn request(args: &Args, request: u32) -> Result<Vec<u8>> {
+    let tok = match (&args.tokenizer, &args.model) {
+        (Some(t), _) => Some(Tokenizer::from_file(t)?),
+        (None, Some(m)) => Some(Tokenizer::from_model_dir(m)?),
+        (None, None) => None,
+    };
+    let params = SamplingParams::new(args.temperature)
+        .with_top_k(args.top_k)
+        .with_top_p(args.top_p)
+        .with_min_p(args.min_p)
+        .with_repetition_penalty(args.repetition_penalty)
+        .with_seed(args.seed);
+    let Some(tok) = tok else {
+        if args.prompt.len() > TEXT_IN_MAX {
+            return Err(Error::Invalid(format!(
+                "the prompt has {} bytes; a request carries at most {TEXT_IN_MAX}",
+                args.prompt.len()
+            )));
+        }
+        let sampling = WireSampling::from_params(&params)?;
+        return Ok(text_request_datagram(
+            request,
+            args.max_tokens,
+            &args.prompt,
+            args.chat,
+            &sampling,
+        ));
+    };
+    if !params.is_greedy() {
+        return Err(Error::Invalid(
+            "a request of token ids is generated greedily: sample with a text request (no --model or --tokenizer)".into(),
+        ));
     }
-    if let Some(m) = &args.model {
-        return Tokenizer::from_model_dir(m);
+    let prompt = if args.chat {
+        tok.encode_chat(&args.prompt)?
+    } else {
+        tok.encode(&args.prompt)?
+    };
+    if prompt.is_empty() {
+        return Err(Error::EmptyPrompt);
     }
-    match common::find_tokenizer() {
-        Some(t) => Tokenizer::from_file(t),
-        None => Err(Error::Invalid(
-            "no tokenizer: pass --model DIR or --tokenizer FILE".into(),
-        )),
-    }
+    Ok(request_datagram(request, args.max_tokens, &prompt))
 }
 
 /// Sends `datagram` (the `what`) and waits for the reply to it, resending every 500 ms, until
@@ -125,15 +177,6 @@ fn reply_request(r: &Reply) -> u32 {
 }
 
 fn run(args: &Args, start: Instant) -> Result<()> {
-    let tok = tokenizer(args)?;
-    let prompt = if args.chat {
-        tok.encode_chat(&args.prompt)?
-    } else {
-        tok.encode(&args.prompt)?
-    };
-    if prompt.is_empty() {
-        return Err(Error::EmptyPrompt);
-    }
     let give_up = Duration::try_from_secs_f64(args.timeout)
         .map_err(|_| Error::Invalid(format!("--timeout {}", args.timeout)))?;
     let io = |e: std::io::Error| Error::Invalid(format!("UDP: {e}"));
@@ -152,7 +195,7 @@ fn run(args: &Args, start: Instant) -> Result<()> {
         .map_or(0, |d| d.subsec_nanos());
     let request = nanos ^ std::process::id().rotate_left(16);
     let t0 = Instant::now();
-    let datagram = request_datagram(request, args.max_tokens, &prompt);
+    let datagram = self::request(args, request)?;
     match exchange(&sock, &datagram, "request", request, start + give_up)? {
         Reply::Accepted { .. } => {}
         Reply::Refused { reason, code, .. } => {

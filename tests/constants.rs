@@ -185,6 +185,27 @@ fn every_constant_shared_by_c_and_rust_is_the_same_on_both_sides() {
             wire::POLL_MIN_BYTES as i64,
         ),
         (
+            "EV_R_UTF8 vs event::R_UTF8",
+            c.ev_r_utf8 as i64,
+            event::R_UTF8 as i64,
+        ),
+        (
+            "EV_TEXT_MAGIC vs wire::TEXT_MAGIC",
+            c.ev_text_magic as i64,
+            wire::TEXT_MAGIC as i64,
+        ),
+        (
+            "EV_TEXT_IN_MAX vs wire::TEXT_IN_MAX",
+            c.ev_text_in_max as i64,
+            wire::TEXT_IN_MAX as i64,
+        ),
+        (
+            "EV_TF_CHAT vs wire::FLAG_CHAT",
+            c.ev_tf_chat as i64,
+            wire::FLAG_CHAT as i64,
+        ),
+        ("EV_ONE vs wire::ONE", c.ev_one as i64, wire::ONE as i64),
+        (
             "GEN_STOPS_MAX vs in_kernel::STOPS_MAX",
             c.gen_stops_max as i64,
             in_kernel::STOPS_MAX as i64,

@@ -166,6 +166,46 @@ fn refusals_are_answered_with_their_reason_and_counted_and_others_pass_untouched
     a.refused(&wire::request(4, 9, &[1, 2]), 4, Refusal::Limit);
     a.refused(&wire::request(5, 8, &[]), 5, Refusal::Limit);
     a.refused(&wire::request(6, 8, &[1; CTX + 1]), 6, Refusal::Limit);
+    // text requests: not UTF-8 (a lone continuation byte, a surrogate, an overlong form), too
+    // long, an unknown flag, a length past the datagram, a temperature past its limit
+    a.refused(
+        &wire::text_request(10, 8, 0, wire::GREEDY, b"ab\x80c"),
+        10,
+        Refusal::BadUtf8,
+    );
+    a.refused(
+        &wire::text_request(11, 8, 0, wire::GREEDY, "x\u{e9}".as_bytes()[..2].as_ref()),
+        11,
+        Refusal::BadUtf8,
+    );
+    a.refused(
+        &wire::text_request(12, 8, 0, wire::GREEDY, b"\xed\xa0\x80"),
+        12,
+        Refusal::BadUtf8,
+    );
+    a.refused(
+        &wire::text_request(13, 8, 0, wire::GREEDY, b"\xc0\xaf"),
+        13,
+        Refusal::BadUtf8,
+    );
+    a.refused(
+        &wire::text_request(14, 8, 0, wire::GREEDY, &[b'a'; 4097]),
+        14,
+        Refusal::Limit,
+    );
+    a.refused(
+        &wire::text_request(15, 8, 2, wire::GREEDY, b"hi"),
+        15,
+        Refusal::Malformed,
+    );
+    let mut long = wire::text_request(16, 8, 0, wire::GREEDY, b"hi");
+    long.truncate(long.len() - 1);
+    a.refused(&long, 16, Refusal::Malformed);
+    a.refused(
+        &wire::text_request(17, 8, 0, [101 << 16, 0, 0, 0, 0, 0, 0], b"hi"),
+        17,
+        Refusal::Limit,
+    );
     // a poll too short for the FINAL record
     a.refused(&wire::words(&[wire::POLL, 50, 0]), 0, Refusal::Malformed);
     let prompt = [785, 3974, 13876];
@@ -193,11 +233,12 @@ fn refusals_are_answered_with_their_reason_and_counted_and_others_pass_untouched
     assert_eq!(
         counts,
         [
-            (Refusal::Malformed, 4),
+            (Refusal::Malformed, 6),
             (Refusal::TokenOutOfRange, 1),
-            (Refusal::Limit, 3),
+            (Refusal::Limit, 5),
             (Refusal::UnknownRequest, 2),
             (Refusal::BadOffset, 1),
+            (Refusal::BadUtf8, 4),
         ]
     );
     assert_eq!((s.accepted, s.repeats, s.tokens), (1, 1, 8));

@@ -34,7 +34,13 @@
 
 #define EV_SLOTS_MAX PLAN_THREADS_MAX
 #define EV_PROMPT_MAX 1024      /* prompt tokens one datagram may carry */
-#define EV_MAGIC 0x46504251     /* "QBPF" */
+#define EV_MAGIC 0x46504251     /* "QBPF": a request of token ids, greedy */
+#define EV_TEXT_MAGIC 0x54504251 /* "QBPT": a request of UTF-8 text, with sampling parameters */
+#define EV_TEXT_IN_MAX 4096     /* text bytes one request may carry */
+#define EV_ONE 65536            /* 1.0 in the sampling fields (Q16.16) */
+#define EV_TEMPERATURE_MAX (100 * EV_ONE)
+#define EV_PENALTY_MAX (10 * EV_ONE)
+#define EV_TF_CHAT 1            /* QBPT flags: wrap the text in the chat template */
 #define EV_SOURCES_MAX 4
 #define EV_FREE 0
 #define EV_BUSY 1     /* generating */
@@ -51,6 +57,7 @@
 #define EV_R_LIMIT 4  /* too many prompt tokens or new tokens */
 #define EV_R_UNKNOWN 5 /* a poll for no request this address and port made (or one given back) */
 #define EV_R_OFFSET 6 /* a poll past the text generated so far */
+#define EV_R_UTF8 7   /* a text request whose text is not UTF-8 */
 #define EV_REASONS 8
 
 /* Replies (EV_F_REPLY): little-endian u32 words, then text bytes; docs/in-kernel.md. */
@@ -97,6 +104,15 @@ u64 ev_refusals[EV_REASONS], ev_polls, ev_repeats, ev_tokens, ev_reclaimed, ev_r
 /* Each slot's generation before a request: its context's plan, prompt and KV (user space). */
 struct gen_args ev_template[EV_SLOTS_MAX];
 
+/* A text request's sampling parameters, as on the wire: Q16.16 fixed point, 0 = off. */
+struct ev_sampling {
+	u32 temperature;        /* 0: greedy (the others are then ignored) */
+	u32 top_k;              /* an integer */
+	u32 top_p, min_p;       /* at most 1.0 */
+	u32 penalty;            /* the repetition penalty: 0 or 1.0 off */
+	u32 seed_lo, seed_hi;
+};
+
 struct ev_slot {
 	struct bpf_wq wq;
 	u32 state;              /* EV_FREE, EV_BUSY, EV_DONE or EV_CLAIMED */
@@ -111,6 +127,13 @@ struct ev_slot {
 	u32 delivered;          /* the FINAL record was sent */
 	u32 cancel;             /* give the slot back at the worker's next round */
 	u64 last_ns;            /* the request or its last poll (bpf_ktime_get_ns) */
+	/* a text request (EV_TEXT_MAGIC): tokenized by the worker before it generates */
+	u32 is_text;
+	u32 text_flags;         /* EV_TF_* */
+	u32 n_text;
+	u32 pad;
+	struct ev_sampling sampling;
+	u8 text_in[EV_TEXT_IN_MAX];
 };
 
 /* One reply's payload, built here before it is copied into the frame. */
@@ -126,9 +149,10 @@ struct {
 	__type(value, struct ev_out);
 } ev_out SEC(".maps");
 
-/* A request's prompt, staged and checked before a slot is claimed for it. */
+/* A request's prompt or text, staged and checked before a slot is claimed for it. */
 struct ev_stage {
 	u32 prompt[EV_PROMPT_MAX];
+	u8 text[EV_TEXT_IN_MAX];
 };
 
 struct {
@@ -235,6 +259,13 @@ int ev_setup(void *ctx)
 
 struct ev_head {
 	u32 magic, request, max_new, n;
+};
+
+/* A text request's header; its n text bytes follow. Sampling fields: Q16.16, 0 = off. */
+struct ev_text_head {
+	u32 magic, request, max_new, flags;
+	struct ev_sampling sampling;
+	u32 n;
 };
 
 struct ev_poll {
@@ -502,14 +533,158 @@ static __always_inline u32 ev_claim(void)
 	return EV_SLOTS_MAX;
 }
 
+/* A checked request, staged in ev_stage: its text (is_text), else its n token ids. */
+struct ev_req {
+	u32 src, sport;         /* the client: IPv4 address (network order), UDP port */
+	u32 request, max_new, n;
+	u32 is_text, flags;     /* a text request's EV_TF_* */
+	struct ev_sampling sampling;
+};
+
+/* Claims a slot for a checked request, fills the slot from its template and starts its worker;
+ * the ACCEPTED or REFUSED reply. */
+static __noinline int ev_launch(struct xdp_md *ctx, const u8 *hdr, const struct ev_req *q)
+{
+	u32 zero = 0, slot, src = q->src, sport = q->sport, request = q->request;
+	u32 max_new = q->max_new, n = q->n;
+	struct ev_stage *st = bpf_map_lookup_elem(&ev_stage, &zero);
+	struct ev_slot *s = 0;
+
+	if (!st)
+		return XDP_DROP;
+	if (ev_cfg.flags & EV_F_REPLY) {
+		/* a request sent again (its ACCEPTED reply lost?) is not started again */
+		if (ev_find(request, src, sport) < EV_SLOTS_MAX) {
+			__sync_fetch_and_add(&ev_repeats, 1);
+			return ev_answer(ctx, hdr, EV_K_ACCEPTED, request, n, max_new);
+		}
+	}
+	slot = ev_claim();
+	if (slot < EV_SLOTS_MAX)
+		s = bpf_map_lookup_elem(&ev_slots, &slot);
+	if (!s)
+		return ev_refuse(EV_R_BUSY, request);
+	s->is_text = q->is_text;
+	if (q->is_text) {
+		s->text_flags = q->flags;
+		s->sampling = q->sampling;
+		s->n_text = n;
+		for (u32 i = 0; i < EV_TEXT_IN_MAX; i++) {
+			if (i >= n)
+				break;
+			s->text_in[i] = st->text[i];
+		}
+	} else {
+		__builtin_memset(&s->sampling, 0, sizeof(s->sampling));
+		for (u32 i = 0; i < EV_PROMPT_MAX; i++) {
+			if (i >= n)
+				break;
+			s->prompt[i] = st->prompt[i];
+		}
+	}
+	s->args = ev_template[slot & (EV_SLOTS_MAX - 1)];
+	s->args.n_prompt = q->is_text ? 0 : n; /* a text's: once the worker has tokenized it */
+	s->args.max_new = max_new;
+	s->args.request = request;
+	s->started = 0;
+	s->client_addr = src;
+	s->client_port = sport;
+	s->request = request;
+	s->finish = 0;
+	s->delivered = 0;
+	s->cancel = 0;
+	s->last_ns = bpf_ktime_get_ns();
+	/* the fields before the state (an exchange: a full barrier): polls match on them */
+	__sync_lock_test_and_set(&s->state, EV_BUSY);
+	if (bpf_wq_start(&s->wq, 0)) {
+		__sync_lock_test_and_set(&s->state, EV_FREE);
+		return ev_refuse(EV_R_BUSY, request);
+	}
+	__sync_fetch_and_add(&ev_accepted, 1);
+	if (ev_cfg.flags & EV_F_REPLY)
+		return ev_answer(ctx, hdr, EV_K_ACCEPTED, request, n, max_new);
+	return XDP_DROP;
+}
+
+/* Whether a text request's sampling parameters are within their limits. */
+static __always_inline int ev_sampling_ok(const struct ev_sampling *p)
+{
+	return p->temperature <= EV_TEMPERATURE_MAX && p->top_k <= ev_cfg.vocab &&
+	       p->top_p <= EV_ONE && p->min_p <= EV_ONE && p->penalty <= EV_PENALTY_MAX;
+}
+
+/* Whether the n bytes of t are UTF-8 (RFC 3629: shortest forms, no surrogates, at most
+ * U+10FFFF), byte by byte: `need` continuation bytes are still due, the next in [lo, hi]. */
+static __always_inline int ev_utf8(const u8 *t, u32 n)
+{
+	u32 need = 0, lo = 0x80, hi = 0xbf;
+
+	FOR(i, 0, n) {
+		u8 c = t[i & (EV_TEXT_IN_MAX - 1)];
+
+		if (need) {
+			if (c < lo || c > hi)
+				return 0;
+			need--, lo = 0x80, hi = 0xbf;
+		} else if (c < 0x80) {
+			continue;
+		} else if (c >= 0xc2 && c <= 0xdf) {
+			need = 1;
+		} else if (c >= 0xe0 && c <= 0xef) {
+			need = 2;
+			lo = c == 0xe0 ? 0xa0 : 0x80; /* E0: no overlong form */
+			hi = c == 0xed ? 0x9f : 0xbf; /* ED: no surrogate */
+		} else if (c >= 0xf0 && c <= 0xf4) {
+			need = 3;
+			lo = c == 0xf0 ? 0x90 : 0x80; /* F0: no overlong form */
+			hi = c == 0xf4 ? 0x8f : 0xbf; /* F4: nothing past U+10FFFF */
+		} else {
+			return 0;
+		}
+	}
+	return need == 0;
+}
+
+/* A text request: the header checked, the text staged and checked as UTF-8, then launched. */
+static __noinline int ev_text_request(struct xdp_md *ctx, const u8 *hdr, u32 src, u32 sport,
+				      u32 len)
+{
+	u32 zero = 0, n;
+	struct ev_text_head h;
+	struct ev_stage *st = bpf_map_lookup_elem(&ev_stage, &zero);
+
+	if (!st)
+		return XDP_DROP;
+	if (len < 8 + sizeof(h) || bpf_xdp_load_bytes(ctx, EV_HDR, &h, sizeof(h)))
+		return ev_refuse(EV_R_MALFORMED, 0);
+	n = h.n;
+	if (len != 8 + sizeof(h) + (u64)n || (h.flags & ~EV_TF_CHAT))
+		return ev_refuse(EV_R_MALFORMED, h.request);
+	if (n > EV_TEXT_IN_MAX || h.max_new == 0 || h.max_new > ev_cfg.max_new ||
+	    !ev_sampling_ok(&h.sampling))
+		return ev_refuse(EV_R_LIMIT, h.request);
+	if (n == 0 && !(h.flags & EV_TF_CHAT)) /* nothing to generate from */
+		return ev_refuse(EV_R_LIMIT, h.request);
+	asm volatile("" : "+r"(n));
+	if (n >= 1 && n <= EV_TEXT_IN_MAX &&
+	    bpf_xdp_load_bytes(ctx, EV_HDR + sizeof(h), st->text, n))
+		return ev_refuse(EV_R_MALFORMED, h.request);
+	if (!ev_utf8(st->text, n))
+		return ev_refuse(EV_R_UTF8, h.request);
+	struct ev_req q = {
+		.src = src, .sport = sport, .request = h.request, .max_new = h.max_new, .n = n,
+		.is_text = 1, .flags = h.flags, .sampling = h.sampling,
+	};
+	return ev_launch(ctx, hdr, &q);
+}
+
 SEC("xdp")
 int ev_xdp(struct xdp_md *ctx)
 {
 	u8 hdr[EV_HDR];
 	struct ev_head h;
-	struct ev_slot *s = 0;
 	struct ev_stage *st;
-	u32 ihl, off, len, src, sport, dport, bytes, magic, ok = 0, slot = 0, dup, zero = 0;
+	u32 ihl, off, len, src, sport, dport, bytes, magic, ok = 0, zero = 0;
 
 	if (ctx->ingress_ifindex != ev_cfg.ifindex)
 		return XDP_PASS;
@@ -537,6 +712,8 @@ int ev_xdp(struct xdp_md *ctx)
 	if ((ev_cfg.flags & EV_F_REPLY) && len >= 8 + 4 && !bpf_xdp_load_bytes(ctx, off, &magic, 4) &&
 	    magic == EV_POLL_MAGIC)
 		return ev_poll(ctx, hdr, src, sport, len);
+	if (len >= 8 + 4 && !bpf_xdp_load_bytes(ctx, off, &magic, 4) && magic == EV_TEXT_MAGIC)
+		return ev_text_request(ctx, hdr, src, sport, len);
 	if (len < 8 + sizeof(h) || bpf_xdp_load_bytes(ctx, off, &h, sizeof(h)))
 		return ev_refuse(EV_R_MALFORMED, 0);
 	if (h.magic != EV_MAGIC || len != 8 + sizeof(h) + (u64)h.n * 4)
@@ -544,14 +721,6 @@ int ev_xdp(struct xdp_md *ctx)
 	if (h.n == 0 || h.n > ev_cfg.max_prompt || h.n > EV_PROMPT_MAX || h.max_new == 0 ||
 	    h.max_new > ev_cfg.max_new)
 		return ev_refuse(EV_R_LIMIT, h.request);
-	if (ev_cfg.flags & EV_F_REPLY) {
-		/* a request sent again (its ACCEPTED reply lost?) is not started again */
-		dup = ev_find(h.request, src, sport);
-		if (dup < EV_SLOTS_MAX) {
-			__sync_fetch_and_add(&ev_repeats, 1);
-			return ev_answer(ctx, hdr, EV_K_ACCEPTED, h.request, h.n, h.max_new);
-		}
-	}
 	/* the prompt is staged and checked before a slot is claimed: an invalid request is refused
 	 * for what is wrong with it, whether or not a slot is free */
 	st = bpf_map_lookup_elem(&ev_stage, &zero);
@@ -567,36 +736,8 @@ int ev_xdp(struct xdp_md *ctx)
 		if (st->prompt[i] >= ev_cfg.vocab)
 			return ev_refuse(EV_R_TOKEN, h.request);
 	}
-	slot = ev_claim();
-	if (slot < EV_SLOTS_MAX)
-		s = bpf_map_lookup_elem(&ev_slots, &slot);
-	if (!s)
-		return ev_refuse(EV_R_BUSY, h.request);
-	for (u32 i = 0; i < EV_PROMPT_MAX; i++) {
-		if (i >= h.n)
-			break;
-		s->prompt[i] = st->prompt[i];
-	}
-	s->args = ev_template[slot & (EV_SLOTS_MAX - 1)];
-	s->args.n_prompt = h.n;
-	s->args.max_new = h.max_new;
-	s->args.request = h.request;
-	s->started = 0;
-	s->client_addr = src;
-	s->client_port = sport;
-	s->request = h.request;
-	s->finish = 0;
-	s->delivered = 0;
-	s->cancel = 0;
-	s->last_ns = bpf_ktime_get_ns();
-	/* the fields before the state (an exchange: a full barrier): polls match on them */
-	__sync_lock_test_and_set(&s->state, EV_BUSY);
-	if (bpf_wq_start(&s->wq, 0)) {
-		__sync_lock_test_and_set(&s->state, EV_FREE);
-		return ev_refuse(EV_R_BUSY, h.request);
-	}
-	__sync_fetch_and_add(&ev_accepted, 1);
-	if (ev_cfg.flags & EV_F_REPLY)
-		return ev_answer(ctx, hdr, EV_K_ACCEPTED, h.request, h.n, h.max_new);
-	return XDP_DROP;
+	struct ev_req q = {
+		.src = src, .sport = sport, .request = h.request, .max_new = h.max_new, .n = h.n,
+	};
+	return ev_launch(ctx, hdr, &q);
 }

@@ -28,6 +28,9 @@ pub const R_UNKNOWN: u32 = 5;
 /// Refusal reason: a poll's offset past the text made so far (`EV_R_OFFSET`).
 pub const R_OFFSET: u32 = 6;
 
+/// Refusal reason: a text request whose text is not UTF-8 (`EV_R_UTF8`).
+pub const R_UTF8: u32 = 7;
+
 /// Request slots a model can have (`EV_SLOTS_MAX`): one per `run_plan` lane.
 pub const SLOTS_MAX: usize = crate::kernel::plan::THREADS_MAX;
 /// Prompt tokens one datagram may carry (`EV_PROMPT_MAX`).
@@ -116,27 +119,31 @@ pub enum Refusal {
     Malformed,
     /// A prompt token was at or past the vocabulary.
     TokenOutOfRange,
-    /// Too many prompt tokens, or new tokens asked for.
+    /// Too many prompt tokens or text bytes, too many new tokens asked for, or a sampling
+    /// parameter past its limit.
     Limit,
     /// A poll for a request that this address and port did not make, or that is gone (an
     /// installed model's replies: `run::serve`).
     UnknownRequest,
     /// A poll at an offset past the text generated so far.
     BadOffset,
+    /// A text request whose text is not UTF-8.
+    BadUtf8,
 }
 
 impl Refusal {
     /// Every reason, in the order of their codes.
-    pub const ALL: [Refusal; 6] = [
+    pub const ALL: [Refusal; 7] = [
         Refusal::Busy,
         Refusal::Malformed,
         Refusal::TokenOutOfRange,
         Refusal::Limit,
         Refusal::UnknownRequest,
         Refusal::BadOffset,
+        Refusal::BadUtf8,
     ];
 
-    /// The reason's code on the wire and in the kernel (`EV_R_*`): 1 to 6.
+    /// The reason's code on the wire and in the kernel (`EV_R_*`): 1 to 7.
     pub fn code(self) -> u32 {
         match self {
             Refusal::Busy => R_BUSY,
@@ -145,6 +152,7 @@ impl Refusal {
             Refusal::Limit => R_LIMIT,
             Refusal::UnknownRequest => R_UNKNOWN,
             Refusal::BadOffset => R_OFFSET,
+            Refusal::BadUtf8 => R_UTF8,
         }
     }
 
@@ -153,7 +161,7 @@ impl Refusal {
         Refusal::ALL.into_iter().find(|r| r.code() == code)
     }
 
-    /// A short name: `busy`, `malformed`, `bad-token`, `limit`, `unknown-request`, `bad-offset`.
+    /// A short name: `busy`, `malformed`, `bad-token`, `limit`, `unknown-request`, `bad-offset`, `bad-utf8`.
     pub fn name(self) -> &'static str {
         match self {
             Refusal::Busy => "busy",
@@ -162,6 +170,7 @@ impl Refusal {
             Refusal::Limit => "limit",
             Refusal::UnknownRequest => "unknown-request",
             Refusal::BadOffset => "bad-offset",
+            Refusal::BadUtf8 => "bad-utf8",
         }
     }
 }

@@ -2,8 +2,9 @@
 //! the kernel answers. Every field is a little-endian u32; the byte tables are in
 //! docs/in-kernel.md ("The reply protocol") and `src/bpf/event.inc.c` builds the replies.
 //!
-//! The request is the event path's ([`crate::request_datagram`]: token ids made by a tokenizer
-//! in user space, the interim format until the kernel tokenizes text itself). A client sends it,
+//! A request is either text ([`text_request_datagram`]: UTF-8, tokenized in the kernel, optionally
+//! wrapped in the chat template, with sampling parameters) or token ids made by a tokenizer in
+//! user space, generated greedily (the event path's [`crate::request_datagram`]). A client sends it,
 //! gets [`Reply::Accepted`] (or [`Reply::Refused`]), then sends [`poll_datagram`]s from the same
 //! address and port with the offset of the text it has: each is answered with the text since
 //! that offset ([`Reply::Text`], at most [`TEXT_REPLY_MAX`] bytes and no more than the poll's
@@ -14,6 +15,135 @@
 use super::event::Refusal;
 
 pub use super::event::{request_datagram, MAGIC as REQUEST_MAGIC};
+
+/// The first word of a text request (`EV_TEXT_MAGIC`, "QBPT" in memory order).
+pub const TEXT_MAGIC: u32 = 0x5450_4251;
+/// The most text bytes one text request carries (`EV_TEXT_IN_MAX`). On a link with a 1,500-byte
+/// MTU a datagram holds at most 1,424 (1,500 less the IPv4, UDP and request headers).
+pub const TEXT_IN_MAX: usize = 4096;
+/// Bytes of a text request's header, before its text: twelve words.
+pub const TEXT_HEADER_BYTES: usize = 48;
+/// A text request's flag: wrap the text in the chat template before tokenizing it
+/// (`EV_TF_CHAT`; [`crate::Tokenizer::chat_prompt`]).
+pub const FLAG_CHAT: u32 = 1;
+/// 1.0 in a text request's sampling fields (Q16.16).
+pub const ONE: u32 = 1 << 16;
+/// The largest temperature a text request may ask for (`EV_TEMPERATURE_MAX`).
+pub const TEMPERATURE_MAX: f32 = 100.0;
+/// The largest repetition penalty a text request may ask for (`EV_PENALTY_MAX`).
+pub const PENALTY_MAX: f32 = 10.0;
+
+/// A text request's sampling fields, as the wire carries them (Q16.16 fixed point, 0 = off):
+/// `temperature` 0 is greedy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WireSampling {
+    /// Q16.16; 0: greedy (the other fields are then ignored).
+    pub temperature: u32,
+    /// Keep the `top_k` most likely tokens; 0: all.
+    pub top_k: u32,
+    /// Q16.16 in [0, 1]; 0: off.
+    pub top_p: u32,
+    /// Q16.16 in [0, 1]; 0: off.
+    pub min_p: u32,
+    /// Q16.16; 0 or 1.0: off.
+    pub repetition_penalty: u32,
+    /// The sampler's seed.
+    pub seed: u64,
+}
+
+impl WireSampling {
+    /// The wire form of `p` (each fraction rounded to the nearest 1/65536). Refuses what the
+    /// wire cannot carry: a temperature above [`TEMPERATURE_MAX`], a repetition penalty above
+    /// [`PENALTY_MAX`], presence or frequency penalties, a `top_k` past `u32`. Without a seed, one
+    /// is taken from the clock.
+    pub fn from_params(p: &crate::SamplingParams) -> crate::Result<WireSampling> {
+        p.validate()?;
+        let bad = |name: &'static str, value: f64, expected: &'static str| {
+            crate::Error::InvalidParameter {
+                name,
+                value,
+                expected,
+            }
+        };
+        let q16 = |v: f32| (v as f64 * ONE as f64).round() as u32;
+        if p.temperature > TEMPERATURE_MAX {
+            return Err(bad(
+                "temperature",
+                p.temperature as f64,
+                "at most 100 on the wire",
+            ));
+        }
+        if p.repetition_penalty > PENALTY_MAX {
+            return Err(bad(
+                "repetition_penalty",
+                p.repetition_penalty as f64,
+                "at most 10 on the wire",
+            ));
+        }
+        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+            return Err(bad(
+                "presence_penalty",
+                (p.presence_penalty + p.frequency_penalty) as f64,
+                "0: the wire carries no presence or frequency penalty",
+            ));
+        }
+        if p.is_greedy() {
+            return Ok(WireSampling::default());
+        }
+        Ok(WireSampling {
+            temperature: q16(p.temperature).max(1),
+            top_k: u32::try_from(p.top_k)
+                .map_err(|_| bad("top_k", p.top_k as f64, "at most u32::MAX"))?,
+            top_p: if p.top_p >= 1.0 { 0 } else { q16(p.top_p) },
+            min_p: q16(p.min_p),
+            repetition_penalty: if p.repetition_penalty == 1.0 {
+                0
+            } else {
+                q16(p.repetition_penalty)
+            },
+            // no seed: one from the clock, as the library's sampler takes a fresh one
+            seed: p.seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos() as u64)
+            }),
+        })
+    }
+}
+
+/// A text request: `text` (at most [`TEXT_IN_MAX`] bytes of UTF-8), tokenized by the kernel,
+/// wrapped in the chat template when `chat`, and generated with `sampling`
+/// ([`WireSampling::default`]: greedy). The 48-byte header is twelve little-endian words:
+/// [`TEXT_MAGIC`], `request`, `max_new`, flags ([`FLAG_CHAT`]), temperature, top_k, top_p,
+/// min_p, repetition penalty, the seed's low and high words, the text's length; then the text.
+pub fn text_request_datagram(
+    request: u32,
+    max_new: u32,
+    text: &str,
+    chat: bool,
+    sampling: &WireSampling,
+) -> Vec<u8> {
+    let w = sampling;
+    let mut d: Vec<u8> = [
+        TEXT_MAGIC,
+        request,
+        max_new,
+        if chat { FLAG_CHAT } else { 0 },
+        w.temperature,
+        w.top_k,
+        w.top_p,
+        w.min_p,
+        w.repetition_penalty,
+        w.seed as u32,
+        (w.seed >> 32) as u32,
+        text.len() as u32,
+    ]
+    .iter()
+    .flat_map(|w| w.to_le_bytes())
+    .collect();
+    d.extend_from_slice(text.as_bytes());
+    d
+}
 
 /// The first word of a poll datagram (`EV_POLL_MAGIC`, "QBPL" in memory order).
 pub const POLL_MAGIC: u32 = 0x4C50_4251;
@@ -51,6 +181,10 @@ pub enum Finish {
     Length,
     /// The kernel failed the generation (code 5; its error code).
     Error(i32),
+    /// A text request's text did not become a prompt (code 6): its tokens did not fit the
+    /// prompt limit or the context (the detail: the tokens it needed, or a negative tokenizer
+    /// error code).
+    Prompt(i32),
 }
 
 impl Finish {
@@ -62,11 +196,12 @@ impl Finish {
             3 => Finish::ContextFull,
             4 => Finish::Length,
             5 => Finish::Error(detail as i32),
+            6 => Finish::Prompt(detail as i32),
             _ => return None,
         })
     }
 
-    /// A short name: `stop`, `max-tokens`, `context-full`, `length`, `error`.
+    /// A short name: `stop`, `max-tokens`, `context-full`, `length`, `error`, `prompt`.
     pub fn name(self) -> &'static str {
         match self {
             Finish::Stop(_) => "stop",
@@ -74,6 +209,7 @@ impl Finish {
             Finish::ContextFull => "context-full",
             Finish::Length => "length",
             Finish::Error(_) => "error",
+            Finish::Prompt(_) => "prompt",
         }
     }
 }

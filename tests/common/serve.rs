@@ -16,6 +16,7 @@ pub const CTX: usize = 64;
 /// The wire format, written out from the tables of docs/in-kernel.md.
 pub mod wire {
     pub const REQUEST: u32 = 0x4650_4251; // "QBPF"
+    pub const TEXT_REQUEST: u32 = 0x5450_4251; // "QBPT"
     pub const POLL: u32 = 0x4C50_4251; // "QBPL"
     pub const REPLY: u32 = 0x5250_4251; // "QBPR"
     pub const ACCEPTED: u32 = 1;
@@ -32,6 +33,26 @@ pub mod wire {
         w.extend_from_slice(prompt);
         words(&w)
     }
+
+    /// A text request: twelve header words (magic, id, max_new, flags, temperature, top_k,
+    /// top_p, min_p, repetition penalty, seed low, seed high, length), then the text's bytes.
+    pub fn text_request(
+        id: u32,
+        max_new: u32,
+        flags: u32,
+        sampling: [u32; 7],
+        text: &[u8],
+    ) -> Vec<u8> {
+        let mut w = vec![TEXT_REQUEST, id, max_new, flags];
+        w.extend_from_slice(&sampling);
+        w.push(text.len() as u32);
+        let mut d = words(&w);
+        d.extend_from_slice(text);
+        d
+    }
+
+    /// Greedy: every sampling field 0.
+    pub const GREEDY: [u32; 7] = [0; 7];
 
     /// A poll padded to 1044 bytes: room for a reply with 1024 text bytes.
     pub fn poll(id: u32, offset: u32) -> Vec<u8> {
