@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* Generation inside the kernel: one invocation feeds a prompt and then generates tokens, each
- * step the plan of plan.inc.c, greedy (the LM head's argmax), honouring stop tokens, and writes
+ * step the plan of plan.inc.c, greedy (the LM head's argmax) or, with `sampling`, drawn by
+ * sample.inc.c's op_sample from the logits the head wrote (thread 0 draws, counts the token for
+ * the penalties and hands it to the other threads at the barrier), honouring stop tokens, and writes
  * every new token (id, position and its text bytes) to the `tokens` ring buffer as it is made.
  *
  * An invocation stops at a stop token, after max_new tokens, at a full context, or once it has
@@ -49,6 +51,9 @@ struct gen_args {
 	u32 stops[GEN_STOPS_MAX];
 	u32 request;     /* copied into each record */
 	s32 status;      /* out: GEN_* or a negative plan error */
+	u32 sampling;    /* 0: the argmax; 1: op_sample draws each token (thread 0's `sample`) */
+	u32 pad;
+	struct qb_sample_args sample; /* its logits, counts (each token drawn is counted), rng */
 };
 
 /* Each thread's plan state while generating, in .bss so that every thread can read the others'
@@ -57,6 +62,8 @@ struct run_plan_args gen_state[PLAN_THREADS_MAX];
 /* Thread 0's decision after each token (1: stop), read by the others after a barrier; one per
  * lane, since the event path runs several one-thread generations at once. */
 u32 gen_stop[PLAN_THREADS_MAX];
+/* Thread 0's sampled token, read by the others after the barrier (per lane, as gen_stop). */
+u32 gen_pick[PLAN_THREADS_MAX];
 
 /* The argmax over the head parts of every thread (row order, first on ties). */
 static __always_inline u32 gen_best(u32 parts)
@@ -132,7 +139,7 @@ __noinline int gen_run(struct gen_args *a __arg_nonnull)
 	u32 t = a->run.thread, lane = a->run.lane & (PLAN_THREADS_MAX - 1);
 	struct run_plan_args *st = &gen_state[lane];
 	u64 t0 = bpf_ktime_get_ns();
-	int r;
+	int r, serr = 0;
 
 	USE_ARENA(arena);
 	/* several threads share one generation on lanes 0..n_threads; one thread may use any lane */
@@ -167,19 +174,34 @@ __noinline int gen_run(struct gen_args *a __arg_nonnull)
 			continue;
 		/* the step's argmax is the next token */
 		id = a->run.n_threads > 1 ? gen_best(a->head_parts) : st->best;
+		if (a->sampling && t == 0) {
+			/* thread 0 draws; the others take its token after the barrier */
+			serr = op_sample(&a->sample);
+			id = a->sample.token;
+			gen_pick[lane] = id;
+		}
 		a->next = id;
 		a->generated++;
 		a->run.pos = st->pos;
 		if (t == 0) {
-			gen_stop[lane] = gen_done(a, id, t0); /* thread 0: lane 0 when shared */
-			if (a->status != GEN_STOP && gen_emit(a, id, st->pos))
+			/* thread 0: lane 0 when shared; a failed draw stops every thread */
+			gen_stop[lane] = serr || gen_done(a, id, t0);
+			if (serr)
+				a->status = serr;
+			else if (a->status != GEN_STOP && gen_emit(a, id, st->pos))
 				return PLAN_E_ARGS;
+			if (a->sampling && a->sample.counts)
+				ARENA_PTR(u32, a->sample.counts)[id] += 1;
 		}
 		if (a->run.n_threads > 1) {
 			st->passed++;
 			if (plan_wait(st->passed * a->run.n_threads, PLAN_BARRIER_NS))
 				return PLAN_E_BARRIER;
+			if (a->sampling && t != 0)
+				a->next = *(volatile u32 *)&gen_pick[(lane - t) & (PLAN_THREADS_MAX - 1)];
 		}
+		if (serr)
+			return serr;
 		/* thread 0's decision: its lane is lane - t */
 		if (*(volatile u32 *)&gen_stop[(lane - t) & (PLAN_THREADS_MAX - 1)]) {
 			if (t != 0)
