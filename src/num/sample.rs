@@ -150,8 +150,9 @@ fn w(a: u64, tab: &[u32; 257]) -> u64 {
 
 /// Draws the next token from `logits` (Q16; penalised in place, as the BPF side does) with
 /// `counts[i]` the times token i was seen (`None`: no penalties), advancing the generator
-/// `rng`. Returns the token, or [`Error::InvalidParameter`] for parameters out of range and
-/// [`Error::Invalid`] for an empty or too long vocabulary or counts of another length.
+/// `rng` (not at temperature 0, which draws nothing). Returns the token, or
+/// [`Error::InvalidParameter`] for parameters out of range and [`Error::Invalid`] for an empty
+/// or too long vocabulary or counts of another length.
 pub fn sample(
     p: &Params,
     logits: &mut [i32],
@@ -159,6 +160,32 @@ pub fn sample(
     tab: &[u32; 257],
     rng: &mut u64,
 ) -> Result<u32> {
+    let dist = distribution(p, logits, counts, tab)?;
+    if p.temp_q16 == 0 {
+        return Ok(dist[0].0);
+    }
+    let total: u64 = dist.iter().map(|&(_, w)| w).sum();
+    let r = splitmix64(rng) % total;
+    let mut acc = 0;
+    for &(id, w) in &dist {
+        acc += w;
+        if acc > r {
+            return Ok(id);
+        }
+    }
+    unreachable!("the weights add up to more than r")
+}
+
+/// What [`sample`] draws from: the tokens kept by steps 1-5, in id order, each with its weight
+/// `wT` (Q30; only non-zero ones), so that token i comes with probability `wT_i / ΣwT` exactly.
+/// At temperature 0, the one greedy token with weight 1. Penalises `logits` in place and
+/// errs as [`sample`].
+pub fn distribution(
+    p: &Params,
+    logits: &mut [i32],
+    counts: Option<&[u32]>,
+    tab: &[u32; 257],
+) -> Result<Vec<(u32, u64)>> {
     p.check()?;
     let n = logits.len();
     if n == 0 || n > VOCAB_MAX {
@@ -185,7 +212,7 @@ pub fn sample(
         }
     }
     if p.temp_q16 == 0 {
-        return Ok(arg as u32);
+        return Ok(vec![(arg as u32, 1)]);
     }
     let t = u64::from(p.temp_q16);
     let inv_t = ((1u64 << 32) + t / 2) / t;
@@ -218,28 +245,14 @@ pub fn sample(
                 acc += m;
                 acc >= target
             })
-            .ok_or_else(|| Error::Invalid("sampling: top-p found no cut".into()))?
+            .expect("the best token has mass 2^30 and the target is at most the total")
             .0;
     }
-    // 5. min-p and 6. the draw
+    // 5. min-p, and the weights at temperature T
     let min_w = u64::from(p.min_p_q16) << 14;
-    let weight = |i: usize| {
-        let keep = key(i) <= cut && (p.min_p_q16 == 0 || w(d(i).into(), tab) >= min_w);
-        keep.then(|| w((u64::from(d(i)) * inv_t) >> 16, tab))
-    };
-    let total: u64 = (0..n).filter_map(weight).sum();
-    if total == 0 {
-        return Err(Error::Invalid("sampling: nothing kept".into()));
-    }
-    let r = splitmix64(rng) % total;
-    let mut acc = 0;
-    for i in 0..n {
-        if let Some(wt) = weight(i) {
-            acc += wt;
-            if acc > r {
-                return Ok(i as u32);
-            }
-        }
-    }
-    Err(Error::Invalid("sampling: the draw passed every token".into()))
+    Ok((0..n)
+        .filter(|&i| key(i) <= cut && (p.min_p_q16 == 0 || w(d(i).into(), tab) >= min_w))
+        .map(|i| (i as u32, w((u64::from(d(i)) * inv_t) >> 16, tab)))
+        .filter(|&(_, w)| w > 0)
+        .collect())
 }
