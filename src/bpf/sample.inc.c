@@ -39,7 +39,6 @@ struct qb_sample_params {
 	u32 rep_q16;       /* repetition penalty, LIM_SAMPLE_REP_MIN..MAX; SAMPLE_ONE: off */
 	s32 presence_q16;  /* |.| <= LIM_SAMPLE_PEN_MAX */
 	s32 frequency_q16; /* |.| <= LIM_SAMPLE_PEN_MAX */
-	u32 pad;
 };
 
 /* One draw: inputs, the generator's state (in/out), the token (out), and the working state of
