@@ -52,7 +52,12 @@ fn limits_agree_between_limits_h_and_limits_rs() {
             f.batch_max as usize,
             f.vocab_max as usize,
             f.sample_buckets as usize,
-            [f.sample_temp_min, f.sample_temp_max, f.sample_rep_min, f.sample_rep_max],
+            [
+                f.sample_temp_min,
+                f.sample_temp_max,
+                f.sample_rep_min,
+                f.sample_rep_max
+            ],
             f.sample_pen_max,
         ),
         (

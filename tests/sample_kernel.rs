@@ -451,3 +451,117 @@ fn in_kernel_sampling_gives_the_tokens_of_generate_for_each_seed() {
         }
     }
 }
+
+/// What a sampled token costs against the argmax, measured in one run and printed (no timing is
+/// asserted; the draws are checked against the twin): the `sample` program over the full
+/// vocabulary per setting, the 0.6B-shaped LM head with its fused argmax (the greedy path's
+/// whole head), and the tiny model's in-kernel generation greedy vs sampled.
+#[test]
+fn sampling_cost_against_the_argmax_is_printed() {
+    use std::time::Instant;
+    let (k, rows) = (1024, VOCAB);
+    let mut ops = Ops::load(rows * k * 4 + (8 << 20)).expect("load the operator programs");
+    let mut rng = Rng(9);
+    let b = Bufs {
+        logits: ops.arena.alloc(VOCAB * 4, "logits").unwrap(),
+        counts: ops.arena.alloc(VOCAB * 4, "counts").unwrap(),
+        hist: ops.arena.alloc(2048 * 8, "hist").unwrap(),
+        exp2: ops.arena.alloc(257 * 4, "exp2").unwrap(),
+    };
+    let tab = exp2_table();
+    ops.arena
+        .slice_mut::<u32>(b.exp2)
+        .unwrap()
+        .copy_from_slice(&tab);
+    let w = ops.arena.alloc(rows * k * 4, "head").unwrap();
+    let x = ops.arena.alloc(k * 4, "x").unwrap();
+    for v in ops.arena.slice_mut::<i32>(w).unwrap() {
+        *v = rng.sym(1 << 20) as i32; // |w| < 1/16 in Q24
+    }
+    for v in ops.arena.slice_mut::<i32>(x).unwrap() {
+        *v = rng.sym(2 << 16) as i32;
+    }
+    let reps = 5;
+    let t = Instant::now();
+    for _ in 0..reps {
+        ops.lm_head_argmax(w, x, Some(b.logits), k, 0..rows)
+            .unwrap();
+    }
+    let head = t.elapsed().as_secs_f64() / reps as f64;
+    eprintln!(
+        "LM head + argmax, {rows} x {k} (0.6B shape), one thread: {:.2} ms",
+        head * 1e3
+    );
+    let l = ops.arena.slice::<i32>(b.logits).unwrap().to_vec();
+    let counts: Vec<u32> = (0..VOCAB).map(|i| u32::from(i % 50 == 0)).collect();
+    let settings = [
+        ("temperature 0.8", SamplingParams::new(0.8)),
+        ("+ top-k 40", SamplingParams::new(0.8).with_top_k(40)),
+        ("+ top-p 0.95", SamplingParams::new(0.8).with_top_p(0.95)),
+        (
+            "top-k 40, top-p 0.95, min-p 0.05, penalties",
+            SamplingParams::new(0.8)
+                .with_top_k(40)
+                .with_top_p(0.95)
+                .with_min_p(0.05)
+                .with_repetition_penalty(1.1)
+                .with_frequency_penalty(0.1),
+        ),
+    ];
+    for (what, sp) in settings {
+        let q = |v: f32| (v as f64 * 65536.0).round();
+        let p = Params {
+            temp_q16: q(sp.temperature) as u32,
+            top_k: sp.top_k as u32,
+            top_p_q16: q(sp.top_p) as u32,
+            min_p_q16: q(sp.min_p) as u32,
+            rep_q16: q(sp.repetition_penalty) as u32,
+            presence_q16: 0,
+            frequency_q16: q(sp.frequency_penalty) as i32,
+        };
+        let t = Instant::now();
+        let mut state = 5;
+        for _ in 0..reps {
+            let (rc, token, next, _) = bpf_draw(&mut ops, &b, &p, &l, Some(&counts), state);
+            let want = sample::sample(&p, &mut l.clone(), Some(&counts), &tab, &mut state).unwrap();
+            assert_eq!((rc, token, next), (0, want, state), "{what}");
+        }
+        // the twin's draw and the copies are in the loop too: time the program alone
+        let total = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        for _ in 0..reps {
+            bpf_draw(&mut ops, &b, &p, &l, Some(&counts), state);
+        }
+        let bpf = t.elapsed().as_secs_f64() / reps as f64;
+        eprintln!(
+            "sample ({what}), {VOCAB} logits: {:.2} ms a draw (with copies), {:.3} x the head \
+             (checked against the twin in {:.0} ms)",
+            bpf * 1e3,
+            bpf / head,
+            total * 1e3
+        );
+    }
+    drop(ops);
+    // the tiny model (hidden 64, the real vocabulary): the head is small, so the draw shows
+    let dir = common::tiny_model("sample-kernel");
+    let mut m = common::open(&dir, options(&dir, Backend::Q24, 1));
+    let n = 48;
+    let mut per_token = Vec::new();
+    for sp in [
+        SamplingParams::greedy(),
+        SamplingParams::new(0.8).with_top_k(40).with_top_p(0.95),
+    ] {
+        m.reset();
+        let opts = GenerateOptions::new(n).with_sampling(sp.with_seed(3));
+        let t = Instant::now();
+        let got = m.generate_in_kernel(&[1, 2, 3], &opts).unwrap().count();
+        per_token.push(t.elapsed().as_secs_f64() / n as f64);
+        assert_eq!(got, n);
+    }
+    eprintln!(
+        "tiny model in the kernel: greedy {:.2} ms/token, sampled {:.2} ms/token ({:.2} x)",
+        per_token[0] * 1e3,
+        per_token[1] * 1e3,
+        per_token[1] / per_token[0]
+    );
+}
