@@ -352,6 +352,23 @@ fn draws_follow_the_f32_samplers_distribution_and_a_wrong_temperature_does_not()
         exact_tv < 1e-3,
         "integer vs f32 distribution: TV {exact_tv}"
     );
+    // The same over the whole vocabulary, LLM-like logits, a few settings (no penalties).
+    let big = logits(5, VOCAB, &mut rng);
+    for sp in [
+        SamplingParams::new(1.0),
+        SamplingParams::new(0.7).with_top_k(40),
+        SamplingParams::new(0.8).with_top_p(0.95).with_min_p(0.01),
+        SamplingParams::new(1.5),
+    ] {
+        let d = sample::distribution(&fixed(&sp), &mut big.clone(), None, &tab).unwrap();
+        let total: u64 = d.iter().map(|&(_, w)| w).sum();
+        let mut probs = vec![0.0; VOCAB];
+        d.iter()
+            .for_each(|&(i, w)| probs[i as usize] = w as f64 / total as f64);
+        let t = tv(&probs, &f32_probs(&sp, &big, &[]));
+        eprintln!("{VOCAB} logits, {sp:?}: exact total variation {t:.2e}");
+        assert!(t < 1e-3, "{sp:?}: TV {t}");
+    }
     // N draws: the empirical frequencies against the f32 probabilities. Sampling noise gives a
     // TV of about 0.4 sum_i sqrt(p_i / N) ~ 0.003 here; the bound is 0.01.
     let n = 200_000;
