@@ -1,6 +1,7 @@
 //! Generation inside the kernel ([`crate::Model::generate_in_kernel`]): the prompt and every
-//! generated token run in BPF, the argmax of each step fed back in the kernel; user space only
-//! starts invocations and reads the tokens from a ring buffer.
+//! generated token run in BPF, the argmax of each step (or the token the integer sampler,
+//! `src/bpf/sample.inc.c`, draws) fed back in the kernel; user space only starts invocations and
+//! reads the tokens from a ring buffer.
 //!
 //! One invocation of the `generate` program (`src/bpf/generate.inc.c`; one per thread, meeting at
 //! the plan's barriers) runs for at most [`BUDGET`]: a kernel built without preemption lets one

@@ -316,9 +316,14 @@ pub struct Candidate {
 ///    [`Sampler::seed`], so any run can be replayed.
 ///
 /// Temperature 0 is greedy decoding: the argmax of the penalised logits (ties: the lowest id),
-/// no filter and no random draw. [`Model::generate`](crate::Model::generate) goes further when
-/// there are no penalties either: it takes the argmax the BPF LM head computes
-/// ([`Model::next_token`](crate::Model::next_token)), without copying the logits out.
+/// no filter and no random draw.
+///
+/// This is the f32 reference sampler: [`Model::generate`](crate::Model::generate) and
+/// [`Model::generate_in_kernel`](crate::Model::generate_in_kernel) draw with the integer sampler
+/// instead (the same stages in Q16 arithmetic with a splitmix64 generator, in BPF and in its Rust
+/// twin, so that both paths give the same tokens for a seed; docs/sampling.md), whose
+/// distribution agrees with this one's to a total variation of a few 10^-6. Use this one for
+/// logits from elsewhere, such as the f32 [`Reference`](crate::Reference).
 ///
 ///
 /// ```
