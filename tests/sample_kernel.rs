@@ -250,6 +250,15 @@ fn out_of_range_parameters_are_refused_by_both_sides() {
         sample::sample(&pen, &mut [1, 2], Some(&[1]), &tab, &mut 1),
         Err(Error::Invalid(_))
     ));
+    // a vocabulary past the sampler's bound is a typed limit where sampling is accepted
+    use qwen_bpf::num::limits::{check_sampler_vocab, VOCAB_MAX};
+    assert!(check_sampler_vocab(VOCAB_MAX).is_ok());
+    assert!(matches!(
+        check_sampler_vocab(VOCAB_MAX + 1),
+        Err(Error::Limit { what, .. }) if what.contains("vocab_size")
+    ));
+    let (rc, ..) = bpf_draw(&mut ops, &b, &ok, &vec![0; 4], None, 1);
+    assert_eq!(rc, 0);
     // the f32 parameters past the integer sampler's ranges: refused with the value given
     for (p, name) in [
         (SamplingParams::new(0.001), "temperature"),

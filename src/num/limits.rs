@@ -45,6 +45,19 @@ pub const SAMPLE_REP_MAX: u32 = 100 << 16;
 /// The largest |presence| and |frequency| penalty, Q16 (64). `LIM_SAMPLE_PEN_MAX`.
 pub const SAMPLE_PEN_MAX: u32 = 64 << 16;
 
+/// Checks that the integer sampler can take a vocabulary of `vocab` tokens (at most
+/// [`VOCAB_MAX`]): where sampling is accepted, since greedy decoding has no such bound.
+pub fn check_sampler_vocab(vocab: usize) -> Result<()> {
+    if vocab > VOCAB_MAX {
+        return Err(limit(
+            "vocab_size (logits the sampler takes)",
+            vocab,
+            format!("at most {VOCAB_MAX} for sampling; greedy decoding takes any"),
+        ));
+    }
+    Ok(())
+}
+
 /// An [`Error::Limit`] for dimension `what`.
 fn limit(what: &'static str, value: usize, limit: String) -> Error {
     Error::Limit { what, value, limit }
@@ -84,13 +97,6 @@ pub fn check(cfg: &Config, backend: Backend, kv: KvFormat) -> Result<()> {
                 format!("a multiple of {align} for the {} store", backend.name()),
             ));
         }
-    }
-    if cfg.vocab_size > VOCAB_MAX {
-        return Err(limit(
-            "vocab_size (logits the sampler takes)",
-            cfg.vocab_size,
-            format!("at most {VOCAB_MAX}"),
-        ));
     }
     if cfg.hidden_size > NORM_MAX {
         return Err(limit(

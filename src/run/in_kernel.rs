@@ -337,6 +337,9 @@ impl Model {
         let p = &opts.sampling;
         let fixed = p.to_fixed()?;
         let sampling = !(p.is_greedy() && !fixed.has_penalties());
+        if sampling {
+            crate::num::limits::check_sampler_vocab(self.cfg.vocab_size)?;
+        }
         let stops = kernel_stops(&opts.stop_tokens)?;
         self.check_feed(prompt)?;
         let seed = sampling.then(|| p.seed.unwrap_or_else(crate::run::sampling::random_seed));

@@ -240,6 +240,7 @@ impl IntSampler {
     /// operating system). Parameters as [`SamplingParams::to_fixed`].
     pub(crate) fn new(params: &SamplingParams, vocab: usize) -> Result<IntSampler> {
         let fixed = params.to_fixed()?;
+        crate::num::limits::check_sampler_vocab(vocab)?;
         let seed = params.seed.unwrap_or_else(random_seed);
         Ok(IntSampler {
             params: fixed,
