@@ -23,9 +23,7 @@ use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use qwen_bpf::wire::{
-    poll_datagram, request_datagram, text_request_datagram, Reply, WireSampling,
-};
+use qwen_bpf::wire::{poll_datagram, request_datagram, text_request_datagram, Reply, WireSampling};
 use qwen_bpf::{GenerateOptions, InstallConfig, Installed, Model, ModelOptions, Tokenizer};
 
 const PROMPT: &str = "The old lighthouse keeper climbed the stairs and";
@@ -134,7 +132,11 @@ fn main() {
         ..Default::default()
     };
     let gen = GenerateOptions::new(tokens);
-    println!("model {}, {} prompt tokens, {tokens} new tokens", dir.display(), prompt.len());
+    println!(
+        "model {}, {} prompt tokens, {tokens} new tokens",
+        dir.display(),
+        prompt.len()
+    );
     println!("| {:<40} | first (ms) | tokens/s each | tokens/s all |", "");
     println!("|{:-<42}|{:->12}|{:->15}|{:->14}|", "", "", "", "");
 
@@ -167,7 +169,8 @@ fn main() {
     );
 
     let _ = Installed::remove(NAME);
-    m.load_tokenizer(&tok).expect("the kernel tokenizer's tables");
+    m.load_tokenizer(&tok)
+        .expect("the kernel tokenizer's tables");
     m.load_vocabulary(&tok).unwrap();
     let cfg = InstallConfig {
         max_new: tokens as u32,
@@ -176,12 +179,16 @@ fn main() {
     m.install(NAME, &cfg).expect("installing");
     let server: SocketAddr = (Ipv4Addr::LOCALHOST, PORT).into();
     let ids = |id| request_datagram(id, tokens as u32, &prompt);
-    let text = |id| text_request_datagram(id, tokens as u32, PROMPT, false, &WireSampling::default());
+    let text =
+        |id| text_request_datagram(id, tokens as u32, PROMPT, false, &WireSampling::default());
     for (what, make) in [
         ("token ids", &ids as &dyn Fn(u32) -> Vec<u8>),
         ("text", &text as &dyn Fn(u32) -> Vec<u8>),
     ] {
-        row(&format!("served, 1 request, {what}"), &[ask(server, 1, &make(1))]);
+        row(
+            &format!("served, 1 request, {what}"),
+            &[ask(server, 1, &make(1))],
+        );
         let all: Vec<Timing> = std::thread::scope(|s| {
             let h: Vec<_> = (0..slots as u32)
                 .map(|i| {

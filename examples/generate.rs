@@ -106,9 +106,9 @@ struct Args {
     /// Seed of the sampler's random generator (default: a random seed, printed in the summary).
     #[arg(long)]
     seed: Option<u64>,
-    /// Who drives generation: per-op (user space, one BPF run per operator), kernel (greedy:
-    /// the kernel feeds the prompt and generates, one invocation per thread and round;
-    /// sampling: one invocation per thread and token), event (greedy: a UDP datagram to a
+    /// Who drives generation: per-op (user space, one BPF run per operator), kernel (the kernel
+    /// feeds the prompt and generates, greedy or sampled by the in-kernel integer sampler, one
+    /// invocation per thread and round), event (greedy: a UDP datagram to a
     /// loopback port starts the generation in the kernel; no bpf(2) call drives it). Default:
     /// kernel where the store allows.
     #[arg(long, value_parser = parse_mode)]
@@ -272,10 +272,10 @@ fn run(args: &Args) -> Result<()> {
         ));
     }
     let mut model = Model::open(&dir, &opts)?;
-    // greedy generation runs wholly in the kernel when the step does (not with the screened
-    // head, which needs user space after each step)
+    // generation runs wholly in the kernel when the step does; greedy not with the screened
+    // head, which needs user space after each step (sampling reads the full head's logits)
     let in_kernel =
-        event || (greedy && model.dispatch() == Dispatch::Kernel && !model.screened_head());
+        event || (model.dispatch() == Dispatch::Kernel && (!greedy || !model.screened_head()));
     if in_kernel {
         if let Some(tok) = &tokenizer {
             model.load_vocabulary(tok)?;
@@ -379,7 +379,7 @@ fn run(args: &Args) -> Result<()> {
         (
             n,
             n.saturating_sub(1),
-            None,
+            generation.seed(),
             generation.finish_reason(),
             prefill,
             t.elapsed() - prefill,

@@ -24,9 +24,10 @@
 //! - [`Model`] opens a Hugging Face Qwen3 directory ([`Checkpoint`], [`Config`]) with
 //!   [`ModelOptions`]: a weight store ([`Backend`]), a KV-cache format ([`KvFormat`]) and size.
 //!   [`Model::generate`] streams tokens ([`Generation`], [`TextGeneration`]) chosen greedily by
-//!   the BPF argmax or by a [`Sampler`] with [`SamplingParams`].
+//!   the BPF argmax or drawn with [`SamplingParams`] by the integer sampler that the kernel runs
+//!   too (one seed, one text on every path; [`Sampler`] is its f32 reference).
 //! - The kernel runs the step of each token in one BPF invocation per thread ([`Dispatch`]);
-//!   [`Model::generate_in_kernel`] runs a whole greedy generation in the kernel, streaming tokens
+//!   [`Model::generate_in_kernel`] runs a whole generation in the kernel, greedy or sampled, streaming tokens
 //!   and their text on a ring buffer ([`KernelGeneration`]); [`Model::serve_events`] lets a UDP
 //!   datagram start one, with no system call driving it ([`EventServer`]);
 //!   [`Model::install`] leaves a model in the kernel that answers datagrams itself, with no

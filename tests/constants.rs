@@ -1,12 +1,12 @@
 //! Every constant that the BPF C and the Rust side both use, as the programs were compiled
 //! (the `constants` program reports them), against its Rust mirror: the plan's format and its
 //! operator ids in order, the event path's datagram, records and refusal reasons, generation's
-//! statuses and limits, the SWAR and int8-KV kernels' bounds. (fixed.h and limits.h are compared
+//! statuses and limits, the SWAR and int8-KV kernels' bounds, the sampler's constants. (fixed.h and limits.h are compared
 //! by tests/ops_twins.rs and tests/limits.rs through the `formats` program.)
 
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::kernel::{plan, ring};
-use qwen_bpf::num::{kv8, swar};
+use qwen_bpf::num::{kv8, sample, swar};
 use qwen_bpf::run::{event, in_kernel, wire};
 
 #[test]
@@ -251,6 +251,26 @@ fn every_constant_shared_by_c_and_rust_is_the_same_on_both_sides() {
             swar::K_MAX as i64,
         ),
         ("KV8_QMAX vs kv8::QMAX", c.kv8_qmax as i64, kv8::QMAX as i64),
+        (
+            "SAMPLE_ONE vs sample::ONE",
+            c.sample_one as i64,
+            sample::ONE as i64,
+        ),
+        (
+            "SAMPLE_E_PARAM vs sample::E_PARAM",
+            c.sample_e_param as i64,
+            sample::E_PARAM as i64,
+        ),
+        (
+            "SAMPLE_E_LOOP vs sample::E_LOOP",
+            c.sample_e_loop as i64,
+            sample::E_LOOP as i64,
+        ),
+        (
+            "sizeof(struct qb_sample_params) vs sample::Params",
+            c.sample_params_bytes as i64,
+            std::mem::size_of::<sample::Params>() as i64,
+        ),
         (
             "KV8_HD_MAX vs kv8::HD_MAX",
             c.kv8_hd_max as i64,

@@ -192,7 +192,8 @@ fn in_kernel_generation_refuses_what_the_kernel_cannot_do() {
             .with_threads(1)
             .with_dispatch(Dispatch::Kernel),
     );
-    let sampled = GenerateOptions::new(4).with_sampling(SamplingParams::new(0.7));
+    // sampling runs in the kernel, within the integer sampler's ranges
+    let sampled = GenerateOptions::new(4).with_sampling(SamplingParams::new(500.0));
     assert!(matches!(
         m.generate_in_kernel(&PROMPT, &sampled),
         Err(Error::InvalidParameter {

@@ -50,6 +50,15 @@ fn limits_agree_between_limits_h_and_limits_rs() {
             f.norm_max as usize,
             f.head_dim_max as usize,
             f.batch_max as usize,
+            f.vocab_max as usize,
+            f.sample_buckets as usize,
+            [
+                f.sample_temp_min,
+                f.sample_temp_max,
+                f.sample_rep_min,
+                f.sample_rep_max
+            ],
+            f.sample_pen_max,
         ),
         (
             limits::COLS_MAX,
@@ -60,6 +69,15 @@ fn limits_agree_between_limits_h_and_limits_rs() {
             limits::NORM_MAX,
             limits::HEAD_DIM_MAX,
             limits::BATCH_MAX,
+            limits::VOCAB_MAX,
+            limits::SAMPLE_BUCKETS,
+            [
+                limits::SAMPLE_TEMP_MIN,
+                limits::SAMPLE_TEMP_MAX,
+                limits::SAMPLE_REP_MIN,
+                limits::SAMPLE_REP_MAX,
+            ],
+            limits::SAMPLE_PEN_MAX,
         ),
         "src/bpf/limits.h vs src/num/limits.rs"
     );

@@ -478,7 +478,8 @@ fn greedy_generation_is_next_token_in_a_loop() {
         "the prompt's prefill, then one forward pass per token, argmax in BPF"
     );
 
-    // Sampling goes through the f32 logits; top-k 1 at any temperature is still the argmax.
+    // Sampling goes through the Q16 logits and the integer sampler; top-k 1 at any temperature
+    // is still the argmax.
     let top1 = GenerateOptions::new(n).with_sampling(SamplingParams::new(1.5).with_top_k(1));
     assert_eq!(generate(&mut m, &PROMPT, &top1), want);
 
@@ -569,9 +570,9 @@ fn seeds_fix_sampled_generations() {
     assert_ne!(b, a, "another seed, other tokens");
 
     // Penalties make the sampler see the prompt and what it generated: a strong presence
-    // penalty at temperature 0 never repeats a token.
+    // penalty (the largest the integer sampler takes) at temperature 0 never repeats a token.
     let no_repeat = GenerateOptions::new(16)
-        .with_sampling(SamplingParams::greedy().with_presence_penalty(1000.0));
+        .with_sampling(SamplingParams::greedy().with_presence_penalty(64.0));
     let g = generate(&mut m, &PROMPT, &no_repeat);
     let mut all = PROMPT.to_vec();
     all.extend(&g);

@@ -38,8 +38,6 @@
 #define EV_TEXT_MAGIC 0x54504251 /* "QBPT": a request of UTF-8 text, with sampling parameters */
 #define EV_TEXT_IN_MAX 4096     /* text bytes one request may carry */
 #define EV_ONE 65536            /* 1.0 in the sampling fields (Q16.16) */
-#define EV_TEMPERATURE_MAX (100 * EV_ONE)
-#define EV_PENALTY_MAX (10 * EV_ONE)
 #define EV_TF_CHAT 1            /* QBPT flags: wrap the text in the chat template */
 #define EV_SOURCES_MAX 4
 #define EV_FREE 0
@@ -104,12 +102,13 @@ u64 ev_refusals[EV_REASONS], ev_polls, ev_repeats, ev_tokens, ev_reclaimed, ev_r
 /* Each slot's generation before a request: its context's plan, prompt and KV (user space). */
 struct gen_args ev_template[EV_SLOTS_MAX];
 
-/* A text request's sampling parameters, as on the wire: Q16.16 fixed point, 0 = off. */
+/* A text request's sampling parameters, as on the wire: Q16.16 fixed point, 0 = off; within
+ * the integer sampler's limits (sample.inc.c, limits.h). */
 struct ev_sampling {
-	u32 temperature;        /* 0: greedy (the others are then ignored) */
-	u32 top_k;              /* an integer */
+	u32 temperature;        /* 0: greedy; else 0.01 to 100 */
+	u32 top_k;              /* an integer; 0: off */
 	u32 top_p, min_p;       /* at most 1.0 */
-	u32 penalty;            /* the repetition penalty: 0 or 1.0 off */
+	u32 penalty;            /* the repetition penalty: 0 (off) or 0.01 to 100 */
 	u32 seed_lo, seed_hi;
 };
 
@@ -132,7 +131,6 @@ struct ev_slot {
 	u32 text_flags;         /* EV_TF_* */
 	u32 n_text;
 	u32 pad;
-	struct ev_sampling sampling;
 	u8 text_in[EV_TEXT_IN_MAX];
 };
 
@@ -149,10 +147,29 @@ struct {
 	__type(value, struct ev_out);
 } ev_out SEC(".maps");
 
-/* A request's prompt or text, staged and checked before a slot is claimed for it. */
+/* A text request's header; its n text bytes follow. Sampling fields: Q16.16, 0 = off. */
+struct ev_text_head {
+	u32 magic, request, max_new, flags;
+	struct ev_sampling sampling;
+	u32 n;
+};
+
+/* A checked request, staged in ev_stage: its text (is_text), else its n token ids. */
+struct ev_req {
+	u32 src, sport;         /* the client: IPv4 address (network order), UDP port */
+	u32 request, max_new, n;
+	u32 is_text, flags;     /* a text request's EV_TF_* */
+	struct qb_sample_params p; /* a text request's sampling (sample.inc.c) */
+	u64 seed;
+};
+
+/* A request's prompt or text, staged and checked before a slot is claimed for it (per CPU:
+ * kept off the XDP program's stack, which its calls would overflow). */
 struct ev_stage {
 	u32 prompt[EV_PROMPT_MAX];
 	u8 text[EV_TEXT_IN_MAX];
+	struct ev_text_head th;
+	struct ev_req req;
 };
 
 struct {
@@ -190,6 +207,21 @@ static __always_inline void ev_record(u32 kind, u32 id, u32 request, u32 pos)
 	bpf_ringbuf_submit(r, 0);
 }
 
+/* The penalties' counts of a sampled request: its prompt's tokens (the sampler adds each token
+ * it draws). Its own function: the worker's frame stays small under gen_run's deep calls. */
+static __noinline void ev_count_prompt(struct gen_args *a)
+{
+	u32 __arena *c = ARENA_PTR(u32, a->sample.counts);
+	const u32 __arena *p = ARENA_PTR(const u32, a->prompt);
+	u32 n = a->sample.n, np = a->n_prompt;
+
+	for (u32 i = 0; i < n && can_loop; i++)
+		c[i] = 0;
+	for (u32 i = 0; i < np && can_loop; i++)
+		if (p[i] < n)
+			c[p[i]] += 1;
+}
+
 /* The workqueue callback: one round of the slot's generation. */
 static int ev_work(void *map, int *key, void *value)
 {
@@ -203,6 +235,8 @@ static int ev_work(void *map, int *key, void *value)
 
 		for (u32 i = 0; i < s->args.n_prompt && i < EV_PROMPT_MAX; i++)
 			p[i] = s->prompt[i];
+		if (s->args.sampling && s->args.sample.counts)
+			ev_count_prompt(&s->args);
 		s->started = 1;
 	}
 	if ((ev_cfg.flags & EV_F_REPLY) &&
@@ -259,13 +293,6 @@ int ev_setup(void *ctx)
 
 struct ev_head {
 	u32 magic, request, max_new, n;
-};
-
-/* A text request's header; its n text bytes follow. Sampling fields: Q16.16, 0 = off. */
-struct ev_text_head {
-	u32 magic, request, max_new, flags;
-	struct ev_sampling sampling;
-	u32 n;
 };
 
 struct ev_poll {
@@ -533,25 +560,19 @@ static __always_inline u32 ev_claim(void)
 	return EV_SLOTS_MAX;
 }
 
-/* A checked request, staged in ev_stage: its text (is_text), else its n token ids. */
-struct ev_req {
-	u32 src, sport;         /* the client: IPv4 address (network order), UDP port */
-	u32 request, max_new, n;
-	u32 is_text, flags;     /* a text request's EV_TF_* */
-	struct ev_sampling sampling;
-};
-
 /* Claims a slot for a checked request, fills the slot from its template and starts its worker;
  * the ACCEPTED or REFUSED reply. */
-static __noinline int ev_launch(struct xdp_md *ctx, const u8 *hdr, const struct ev_req *q)
+static __noinline int ev_launch(struct xdp_md *ctx, const u8 *hdr)
 {
-	u32 zero = 0, slot, src = q->src, sport = q->sport, request = q->request;
-	u32 max_new = q->max_new, n = q->n;
+	u32 zero = 0, slot, src, sport, request, max_new, n;
 	struct ev_stage *st = bpf_map_lookup_elem(&ev_stage, &zero);
 	struct ev_slot *s = 0;
+	struct ev_req *q;
 
 	if (!st)
 		return XDP_DROP;
+	q = &st->req;
+	src = q->src, sport = q->sport, request = q->request, max_new = q->max_new, n = q->n;
 	if (ev_cfg.flags & EV_F_REPLY) {
 		/* a request sent again (its ACCEPTED reply lost?) is not started again */
 		if (ev_find(request, src, sport) < EV_SLOTS_MAX) {
@@ -567,23 +588,24 @@ static __noinline int ev_launch(struct xdp_md *ctx, const u8 *hdr, const struct 
 	s->is_text = q->is_text;
 	if (q->is_text) {
 		s->text_flags = q->flags;
-		s->sampling = q->sampling;
 		s->n_text = n;
-		for (u32 i = 0; i < EV_TEXT_IN_MAX; i++) {
-			if (i >= n)
-				break;
-			s->text_in[i] = st->text[i];
-		}
+		/* open-coded iterators: the verifier checks each body once, not 4,096 times */
+		FOR(i, 0, (n + 7) / 8)
+			((u64 *)s->text_in)[i & (EV_TEXT_IN_MAX / 8 - 1)] =
+				((u64 *)st->text)[i & (EV_TEXT_IN_MAX / 8 - 1)];
 	} else {
-		__builtin_memset(&s->sampling, 0, sizeof(s->sampling));
-		for (u32 i = 0; i < EV_PROMPT_MAX; i++) {
-			if (i >= n)
-				break;
-			s->prompt[i] = st->prompt[i];
-		}
+		FOR(i, 0, n)
+			s->prompt[i & (EV_PROMPT_MAX - 1)] = st->prompt[i & (EV_PROMPT_MAX - 1)];
 	}
 	s->args = ev_template[slot & (EV_SLOTS_MAX - 1)];
 	s->args.n_prompt = q->is_text ? 0 : n; /* a text's: once the worker has tokenized it */
+	/* sampling: the integer sampler draws when the temperature or a penalty asks for it (the
+	 * argmax otherwise); the penalties' counts are the slot's, counted by the worker */
+	s->args.sample.p = q->p;
+	s->args.sample.rng = q->seed;
+	s->args.sampling = q->p.temp_q16 || q->p.rep_q16 != SAMPLE_ONE;
+	if (q->p.rep_q16 == SAMPLE_ONE)
+		s->args.sample.counts = 0;
 	s->args.max_new = max_new;
 	s->args.request = request;
 	s->started = 0;
@@ -606,21 +628,32 @@ static __noinline int ev_launch(struct xdp_md *ctx, const u8 *hdr, const struct 
 	return XDP_DROP;
 }
 
-/* Whether a text request's sampling parameters are within their limits. */
-static __always_inline int ev_sampling_ok(const struct ev_sampling *p)
+/* A text request's sampling fields as the sampler's parameters (0 = off becomes 1.0 for top-p
+ * and the penalty); 0 when they are outside the sampler's limits. */
+static __always_inline int ev_sampling(const struct ev_sampling *w, struct qb_sample_params *p)
 {
-	return p->temperature <= EV_TEMPERATURE_MAX && p->top_k <= ev_cfg.vocab &&
-	       p->top_p <= EV_ONE && p->min_p <= EV_ONE && p->penalty <= EV_PENALTY_MAX;
+	p->temp_q16 = w->temperature;
+	p->top_k = w->top_k;
+	p->top_p_q16 = w->top_p ? w->top_p : SAMPLE_ONE;
+	p->min_p_q16 = w->min_p;
+	p->rep_q16 = w->penalty ? w->penalty : SAMPLE_ONE;
+	p->presence_q16 = 0;
+	p->frequency_q16 = 0;
+	return sample_params_ok(p);
 }
 
-/* Whether the n bytes of t are UTF-8 (RFC 3629: shortest forms, no surrogates, at most
- * U+10FFFF), byte by byte: `need` continuation bytes are still due, the next in [lo, hi]. */
-static __always_inline int ev_utf8(const u8 *t, u32 n)
+/* Whether the n bytes staged (ev_stage's text) are UTF-8 (RFC 3629: shortest forms, no
+ * surrogates, at most U+10FFFF), byte by byte: `need` continuation bytes are still due, the next
+ * in [lo, hi]. A global function: verified once, not once per state of its caller. */
+__noinline int ev_utf8(u32 n)
 {
-	u32 need = 0, lo = 0x80, hi = 0xbf;
+	u32 zero = 0, need = 0, lo = 0x80, hi = 0xbf;
+	struct ev_stage *st = bpf_map_lookup_elem(&ev_stage, &zero);
 
+	if (!st || n > EV_TEXT_IN_MAX)
+		return 0;
 	FOR(i, 0, n) {
-		u8 c = t[i & (EV_TEXT_IN_MAX - 1)];
+		u8 c = st->text[i & (EV_TEXT_IN_MAX - 1)];
 
 		if (need) {
 			if (c < lo || c > hi)
@@ -650,32 +683,39 @@ static __noinline int ev_text_request(struct xdp_md *ctx, const u8 *hdr, u32 src
 				      u32 len)
 {
 	u32 zero = 0, n;
-	struct ev_text_head h;
 	struct ev_stage *st = bpf_map_lookup_elem(&ev_stage, &zero);
+	struct ev_text_head *h;
+	struct ev_req *q;
 
 	if (!st)
 		return XDP_DROP;
-	if (len < 8 + sizeof(h) || bpf_xdp_load_bytes(ctx, EV_HDR, &h, sizeof(h)))
+	h = &st->th;
+	q = &st->req;
+	if (len < 8 + sizeof(*h) || bpf_xdp_load_bytes(ctx, EV_HDR, h, sizeof(*h)))
 		return ev_refuse(EV_R_MALFORMED, 0);
-	n = h.n;
-	if (len != 8 + sizeof(h) + (u64)n || (h.flags & ~EV_TF_CHAT))
-		return ev_refuse(EV_R_MALFORMED, h.request);
-	if (n > EV_TEXT_IN_MAX || h.max_new == 0 || h.max_new > ev_cfg.max_new ||
-	    !ev_sampling_ok(&h.sampling))
-		return ev_refuse(EV_R_LIMIT, h.request);
-	if (n == 0 && !(h.flags & EV_TF_CHAT)) /* nothing to generate from */
-		return ev_refuse(EV_R_LIMIT, h.request);
+	n = h->n;
+	if (len != 8 + sizeof(*h) + (u64)n || (h->flags & ~EV_TF_CHAT))
+		return ev_refuse(EV_R_MALFORMED, h->request);
+	if (n > EV_TEXT_IN_MAX || h->max_new == 0 || h->max_new > ev_cfg.max_new ||
+	    !ev_sampling(&h->sampling, &q->p))
+		return ev_refuse(EV_R_LIMIT, h->request);
+	if (n == 0 && !(h->flags & EV_TF_CHAT)) /* nothing to generate from */
+		return ev_refuse(EV_R_LIMIT, h->request);
 	asm volatile("" : "+r"(n));
 	if (n >= 1 && n <= EV_TEXT_IN_MAX &&
-	    bpf_xdp_load_bytes(ctx, EV_HDR + sizeof(h), st->text, n))
-		return ev_refuse(EV_R_MALFORMED, h.request);
-	if (!ev_utf8(st->text, n))
-		return ev_refuse(EV_R_UTF8, h.request);
-	struct ev_req q = {
-		.src = src, .sport = sport, .request = h.request, .max_new = h.max_new, .n = n,
-		.is_text = 1, .flags = h.flags, .sampling = h.sampling,
-	};
-	return ev_launch(ctx, hdr, &q);
+	    bpf_xdp_load_bytes(ctx, EV_HDR + sizeof(*h), st->text, n))
+		return ev_refuse(EV_R_MALFORMED, h->request);
+	if (!ev_utf8(n))
+		return ev_refuse(EV_R_UTF8, h->request);
+	q->src = src;
+	q->sport = sport;
+	q->request = h->request;
+	q->max_new = h->max_new;
+	q->n = n;
+	q->is_text = 1;
+	q->flags = h->flags;
+	q->seed = (u64)h->sampling.seed_hi << 32 | h->sampling.seed_lo;
+	return ev_launch(ctx, hdr);
 }
 
 SEC("xdp")
@@ -736,8 +776,9 @@ int ev_xdp(struct xdp_md *ctx)
 		if (st->prompt[i] >= ev_cfg.vocab)
 			return ev_refuse(EV_R_TOKEN, h.request);
 	}
-	struct ev_req q = {
+	st->req = (struct ev_req){
 		.src = src, .sport = sport, .request = h.request, .max_new = h.max_new, .n = h.n,
+		.p = { .top_p_q16 = SAMPLE_ONE, .rep_q16 = SAMPLE_ONE }, /* greedy */
 	};
-	return ev_launch(ctx, hdr, &q);
+	return ev_launch(ctx, hdr);
 }

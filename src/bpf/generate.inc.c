@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT OR GPL-2.0-only
 /* Generation inside the kernel: one invocation feeds a prompt and then generates tokens, each
- * step the plan of plan.inc.c, greedy (the LM head's argmax), honouring stop tokens, and writes
+ * step the plan of plan.inc.c, greedy (the LM head's argmax) or, with `sampling`, drawn by
+ * sample.inc.c's op_sample from the logits the head wrote (thread 0 draws, counts the token for
+ * the penalties and hands it to the other threads at the barrier), honouring stop tokens, and writes
  * every new token (id, position and its text bytes) to the `tokens` ring buffer as it is made.
  *
  * An invocation stops at a stop token, after max_new tokens, at a full context, or once it has
@@ -55,7 +57,8 @@ struct gen_args {
 	u32 text_cap;
 	u32 text_len;    /* in/out: bytes in text; grows after the bytes are written */
 	u32 quiet;       /* 1: no ring-buffer records (nobody reads them) */
-	u32 pad2;
+	u32 sampling;    /* 0: the argmax; 1: op_sample draws each token (thread 0's `sample`) */
+	struct qb_sample_args sample; /* its logits, counts (each token drawn is counted), rng */
 };
 
 /* Each thread's plan state while generating, in .bss so that every thread can read the others'
@@ -64,6 +67,8 @@ struct run_plan_args gen_state[PLAN_THREADS_MAX];
 /* Thread 0's decision after each token (1: stop), read by the others after a barrier; one per
  * lane, since the event path runs several one-thread generations at once. */
 u32 gen_stop[PLAN_THREADS_MAX];
+/* Thread 0's sampled token, read by the others after the barrier (per lane, as gen_stop). */
+u32 gen_pick[PLAN_THREADS_MAX];
 
 /* The argmax over the head parts of every thread (row order, first on ties). */
 static __always_inline u32 gen_best(u32 parts)
@@ -157,12 +162,38 @@ static __always_inline int gen_done(struct gen_args *a, u32 id, u64 t0)
 }
 
 /* Feeds the rest of the prompt and generates until done or out of time (see the top). */
+/* Thread 0's part after each token `id` (`serr`: the draw's error): whether to stop (for every
+ * thread: gen_stop of its lane, lane 0 when shared), its text, its count for the penalties. A
+ * function of its own to keep gen_run's frame small (the worker's calls nest deep). 0, or
+ * PLAN_E_ARGS when the text could not be written. */
+static __noinline int gen_take(struct gen_args *a, u32 id, u32 pos, u64 t0, int serr)
+{
+	u32 lane = a->run.lane & (PLAN_THREADS_MAX - 1);
+	int r;
+
+	gen_stop[lane] = serr || gen_done(a, id, t0); /* a failed draw stops every thread */
+	if (serr) {
+		a->status = serr;
+	} else if (a->status != GEN_STOP) {
+		r = gen_emit(a, id, pos);
+		if (r == GEN_LENGTH) {
+			a->status = GEN_LENGTH;
+			gen_stop[lane] = 1;
+		} else if (r) {
+			return PLAN_E_ARGS;
+		}
+	}
+	if (a->sampling && a->sample.counts)
+		ARENA_PTR(u32, a->sample.counts)[id] += 1;
+	return 0;
+}
+
 __noinline int gen_run(struct gen_args *a __arg_nonnull)
 {
 	u32 t = a->run.thread, lane = a->run.lane & (PLAN_THREADS_MAX - 1);
 	struct run_plan_args *st = &gen_state[lane];
 	u64 t0 = bpf_ktime_get_ns();
-	int r;
+	int r, serr = 0;
 
 	USE_ARENA(arena);
 	/* several threads share one generation on lanes 0..n_threads; one thread may use any lane */
@@ -197,26 +228,26 @@ __noinline int gen_run(struct gen_args *a __arg_nonnull)
 			continue;
 		/* the step's argmax is the next token */
 		id = a->run.n_threads > 1 ? gen_best(a->head_parts) : st->best;
+		if (a->sampling && t == 0) {
+			/* thread 0 draws; the others take its token after the barrier */
+			serr = op_sample(&a->sample);
+			id = a->sample.token;
+			gen_pick[lane] = id;
+		}
 		a->next = id;
 		a->generated++;
 		a->run.pos = st->pos;
-		if (t == 0) {
-			gen_stop[lane] = gen_done(a, id, t0); /* thread 0: lane 0 when shared */
-			if (a->status != GEN_STOP) {
-				r = gen_emit(a, id, st->pos);
-				if (r == GEN_LENGTH) {
-					a->status = GEN_LENGTH;
-					gen_stop[lane] = 1;
-				} else if (r) {
-					return PLAN_E_ARGS;
-				}
-			}
-		}
+		if (t == 0 && gen_take(a, id, st->pos, t0, serr))
+			return PLAN_E_ARGS;
 		if (a->run.n_threads > 1) {
 			st->passed++;
 			if (plan_wait(st->passed * a->run.n_threads, PLAN_BARRIER_NS))
 				return PLAN_E_BARRIER;
+			if (a->sampling && t != 0)
+				a->next = *(volatile u32 *)&gen_pick[(lane - t) & (PLAN_THREADS_MAX - 1)];
 		}
+		if (serr)
+			return serr;
 		/* thread 0's decision: its lane is lane - t */
 		if (*(volatile u32 *)&gen_stop[(lane - t) & (PLAN_THREADS_MAX - 1)]) {
 			if (t != 0)

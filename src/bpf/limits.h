@@ -13,3 +13,12 @@
 #define LIM_NORM_MAX 16384   /* RMSNorm vector length (packed in 15 bits of rmsnorm_vec's nqw) */
 #define LIM_HEAD_DIM_MAX 512 /* attention's per-head loops and the int8 KV lane algebra */
 #define LIM_BATCH_MAX 64     /* vectors of one batched matvec or quantisation (a prefill block) */
+/* The sampler (sample.inc.c): ids in 20 bits, so that the u64 sums of up to 2^20 Q30 weights
+ * stay below 2^50 */
+#define LIM_VOCAB_MAX (1 << 20)    /* logits one draw takes (the vocabulary) */
+#define LIM_SAMPLE_BUCKETS 2048    /* u64 buckets of the radix select's histogram (11 bits) */
+#define LIM_SAMPLE_TEMP_MIN 656    /* temperature, Q16: 0.01 (1/T in Q16 stays below 2^23) */
+#define LIM_SAMPLE_TEMP_MAX (100 << 16) /* ... 100 */
+#define LIM_SAMPLE_REP_MIN 656     /* repetition penalty, Q16: 0.01 ... */
+#define LIM_SAMPLE_REP_MAX (100 << 16) /* ... 100 */
+#define LIM_SAMPLE_PEN_MAX (64 << 16)  /* |presence|, |frequency| penalty, Q16: 64 */

@@ -7,13 +7,14 @@
  * same integers. Long loops use open-coded iterators (bpf_for), so the verifier checks the
  * body once instead of once per iteration.
  *
- * One object, one arena: the operators below, then six fragments (*.inc.c, not compiled on
+ * One object, one arena: the operators below, then seven fragments (*.inc.c, not compiled on
  * their own) joined at the end in this order, each using what the ones before it define:
  *   swar.inc.c      the low-bit SWAR kernels (fixed.h's helpers, this file's arena)
  *   argmax.inc.c    the screened LM-head argmax (calls the exact heads above and swar's)
  *   kv8.inc.c       int8 KV-cache attention (the attention helpers above)
+ *   sample.inc.c    the integer sampler (fixed.h's exp_neg, this file's arena)
  *   plan.inc.c      the plan interpreter (every operator's ctx and op_* function above)
- *   generate.inc.c  generation in the kernel (plan.inc.c's run_plan steps)
+ *   generate.inc.c  generation in the kernel (plan.inc.c's run_plan steps, sample.inc.c's draw)
  *   event.inc.c     a datagram starts a generation (generate.inc.c's loop, on a bpf_wq) */
 #include "fixed.h"
 
@@ -30,6 +31,8 @@ struct formats_args {
 	/* limits.h */
 	u32 cols_max, q24_cols_align, swar_cols_align, w4_rows_align, w8_rows_align, norm_max;
 	u32 head_dim_max, batch_max;
+	u32 vocab_max, sample_buckets, sample_temp_min, sample_temp_max, sample_rep_min;
+	u32 sample_rep_max, sample_pen_max, pad2;
 };
 
 /* Reports fixed.h's and limits.h's constants, so that a test can compare them with src/fixed.rs
@@ -57,6 +60,13 @@ int formats(struct formats_args *a)
 	a->norm_max = LIM_NORM_MAX;
 	a->head_dim_max = LIM_HEAD_DIM_MAX;
 	a->batch_max = LIM_BATCH_MAX;
+	a->vocab_max = LIM_VOCAB_MAX;
+	a->sample_buckets = LIM_SAMPLE_BUCKETS;
+	a->sample_temp_min = LIM_SAMPLE_TEMP_MIN;
+	a->sample_temp_max = LIM_SAMPLE_TEMP_MAX;
+	a->sample_rep_min = LIM_SAMPLE_REP_MIN;
+	a->sample_rep_max = LIM_SAMPLE_REP_MAX;
+	a->sample_pen_max = LIM_SAMPLE_PEN_MAX;
 	return 0;
 }
 
@@ -691,6 +701,9 @@ OP(attention, struct attention_args)
 
 _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is limits.h's");
 
+/* ------------------------------------------------------------------ the integer sampler */
+#include "sample.inc.c"
+
 /* ------------------------------------------------------------------ the plan interpreter */
 #include "plan.inc.c"
 
@@ -718,6 +731,8 @@ struct constants_args {
 	u32 sw_group, sw_scale_shift, sw_kmax;
 	u32 kv8_qmax, kv8_hd_max;
 	u32 slot_bytes;
+	u32 sample_one, sample_params_bytes, sample_args_bytes;
+	s32 sample_e_param, sample_e_loop;
 	char op_names[256]; /* PLAN_OP_NAMES, NUL-terminated */
 };
 
@@ -776,6 +791,11 @@ int constants(struct constants_args *a)
 	a->kv8_qmax = KV8_QMAX;
 	a->kv8_hd_max = KV8_HD_MAX;
 	a->slot_bytes = sizeof(struct plan_slot);
+	a->sample_one = SAMPLE_ONE;
+	a->sample_params_bytes = sizeof(struct qb_sample_params);
+	a->sample_args_bytes = sizeof(struct qb_sample_args);
+	a->sample_e_param = SAMPLE_E_PARAM;
+	a->sample_e_loop = SAMPLE_E_LOOP;
 	for (u32 i = 0; i < sizeof(plan_op_names); i++)
 		a->op_names[i] = plan_op_names[i];
 	return 0;

@@ -37,6 +37,10 @@ fn plan_outcome(rcs: Vec<Result<i32>>, what: &str) -> std::result::Result<(), Pl
                         )
                     } else if rc == plan::E_ARGS {
                         "refused its thread, thread count or plan length".into()
+                    } else if rc == crate::num::sample::E_PARAM {
+                        "the in-kernel sampler refused its parameters or vocabulary size".into()
+                    } else if rc == crate::num::sample::E_LOOP {
+                        "an in-kernel sampler pass stopped before the end of the logits".into()
                     } else {
                         format!("refused its arguments (ret {rc})")
                     },

@@ -26,6 +26,8 @@ pub use skel::types::constants_args as Constants;
 pub use skel::types::formats_args as Formats;
 /// The ctx of the `generate` program (`struct gen_args`).
 pub(crate) use skel::types::gen_args as GenArgs;
+/// The ctx of the `sample` program and the in-kernel sampler's state (`struct qb_sample_args`).
+pub use skel::types::qb_sample_args as SampleArgs;
 /// The ctx of the `run_plan` program (`struct run_plan_args`).
 pub(crate) use skel::types::run_plan_args as RunPlanArgs;
 use skel::{OpsSkel, OpsSkelBuilder};
@@ -242,6 +244,50 @@ impl Ops {
         Ok(a)
     }
 
+}
+
+/// The ctx of one draw of `op_sample` (`src/bpf/sample.inc.c`): the parameters `p` (the Rust
+/// mirror, [`crate::num::sample::Params`], copied field by field), the arena addresses of the
+/// `n` Q16 logits, the counts (0: no penalties), the histogram scratch and the exp2 table, and
+/// the generator's state `rng`.
+pub fn sample_args(
+    p: &crate::num::sample::Params,
+    logits: u64,
+    n: u32,
+    counts: u64,
+    hist: u64,
+    exp2: u64,
+    rng: u64,
+) -> SampleArgs {
+    SampleArgs {
+        p: skel::types::qb_sample_params {
+            temp_q16: p.temp_q16,
+            top_k: p.top_k,
+            top_p_q16: p.top_p_q16,
+            min_p_q16: p.min_p_q16,
+            rep_q16: p.rep_q16,
+            presence_q16: p.presence_q16,
+            frequency_q16: p.frequency_q16,
+            ..Default::default()
+        },
+        logits,
+        counts,
+        hist,
+        exp2,
+        rng,
+        n,
+        ..Default::default()
+    }
+}
+
+impl Ops {
+    /// Runs the `sample` program (`op_sample`) once on `args`: its return value (0, or
+    /// `SAMPLE_E_*`: [`crate::num::sample::E_PARAM`], [`crate::num::sample::E_LOOP`]); the token
+    /// and the new generator state are in `args`.
+    pub fn sample(&mut self, args: &mut SampleArgs) -> Result<i32> {
+        self.runs += 1;
+        super::test_run(self.skel.progs.sample.as_fd(), "sample", args)
+    }
 }
 
 /// The overall argmax of row ranges' argmaxes `(row, logit)`, given in row order: a later range

@@ -117,6 +117,10 @@ buffers! {
     sin: "RoPE sin" = |s| s.max_ctx * s.cfg.head_dim() / 2 * 4;
     /// `plan::Slot [threads][entries]`: the recorded step (see [`crate::kernel::plan`]).
     plan: "plan slots" = |s| Plan::arena_bytes(plan_capacity(s.cfg), s.threads.clamp(1, plan::THREADS_MAX));
+    /// u32 `[vocab]`: times each token was seen, for the in-kernel sampler's penalties.
+    counts: "sampling counts" = |s| s.cfg.vocab_size * 4;
+    /// u64 `[SAMPLE_BUCKETS]`: the in-kernel sampler's radix-select histogram.
+    hist: "sampling histogram" = |_s| crate::num::limits::SAMPLE_BUCKETS * 8;
     /// u32 `[max_ctx]`: the prompt of in-kernel generation.
     prompt: "in-kernel prompt" = |s| s.max_ctx * 4;
     /// u32 offsets `[vocab + 1]`, then the bytes: each token's text, for in-kernel generation

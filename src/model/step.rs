@@ -32,6 +32,11 @@ impl Model {
         self.ops.arena.slice::<i32>(self.b.logits)
     }
 
+    /// The Q16 logits the last step or prefill wrote (as [`Model::forward_fixed`] returns them).
+    pub(crate) fn last_logits_fixed(&self) -> Result<&[i32]> {
+        self.ops.arena.slice::<i32>(self.b.logits)
+    }
+
     /// Feeds `token` and returns the most likely next token, computed by the BPF LM head with a
     /// fused argmax (no logits are copied out): the screened head (`num::bound`) unless the
     /// model was opened with [`ModelOptions::screened_head`](crate::ModelOptions::screened_head) false; the same token either way.

@@ -28,6 +28,36 @@ pub const HEAD_DIM_MAX: usize = 512;
 /// Vectors of one batched matvec or quantisation: the largest prefill block. `LIM_BATCH_MAX`.
 pub const BATCH_MAX: usize = 64;
 
+/// Logits one draw of the integer sampler takes (ids in 20 bits, so that the u64 sums of Q30
+/// weights stay below 2^50): the largest vocabulary. `LIM_VOCAB_MAX`.
+pub const VOCAB_MAX: usize = 1 << 20;
+/// u64 buckets of the sampler's radix-select histogram (11 bits of d). `LIM_SAMPLE_BUCKETS`.
+pub const SAMPLE_BUCKETS: usize = 2048;
+/// The smallest non-zero temperature, Q16 (0.01: 1/T in Q16 stays below 2^23).
+/// `LIM_SAMPLE_TEMP_MIN`.
+pub const SAMPLE_TEMP_MIN: u32 = 656;
+/// The largest temperature, Q16 (100). `LIM_SAMPLE_TEMP_MAX`.
+pub const SAMPLE_TEMP_MAX: u32 = 100 << 16;
+/// The smallest repetition penalty, Q16 (0.01). `LIM_SAMPLE_REP_MIN`.
+pub const SAMPLE_REP_MIN: u32 = 656;
+/// The largest repetition penalty, Q16 (100). `LIM_SAMPLE_REP_MAX`.
+pub const SAMPLE_REP_MAX: u32 = 100 << 16;
+/// The largest |presence| and |frequency| penalty, Q16 (64). `LIM_SAMPLE_PEN_MAX`.
+pub const SAMPLE_PEN_MAX: u32 = 64 << 16;
+
+/// Checks that the integer sampler can take a vocabulary of `vocab` tokens (at most
+/// [`VOCAB_MAX`]): where sampling is accepted, since greedy decoding has no such bound.
+pub fn check_sampler_vocab(vocab: usize) -> Result<()> {
+    if vocab > VOCAB_MAX {
+        return Err(limit(
+            "vocab_size (logits the sampler takes)",
+            vocab,
+            format!("at most {VOCAB_MAX} for sampling; greedy decoding takes any"),
+        ));
+    }
+    Ok(())
+}
+
 /// An [`Error::Limit`] for dimension `what`.
 fn limit(what: &'static str, value: usize, limit: String) -> Error {
     Error::Limit { what, value, limit }

@@ -389,6 +389,17 @@ impl Model {
                 text: text.map_or(0, |_| self.ops.arena.addr(b.text)),
                 text_cap: text.map_or(0, |t| t.min(b.text.len() as u32)),
                 quiet: text.is_some() as u32,
+                // greedy until a request sets its parameters and seed (event.inc.c); the
+                // context's own logits, counts and histogram
+                sample: crate::kernel::ops::sample_args(
+                    &crate::SamplingParams::greedy().to_fixed()?,
+                    self.ops.arena.addr(b.logits),
+                    self.cfg.vocab_size as u32,
+                    self.ops.arena.addr(b.counts),
+                    self.ops.arena.addr(b.hist),
+                    self.ops.arena.addr(b.exp2),
+                    0,
+                ),
                 ..Default::default()
             });
         }

@@ -21,7 +21,7 @@
 //! # }
 //! ```
 
-use crate::run::sampling::{Sampler, SamplingParams};
+use crate::run::sampling::{IntSampler, SamplingParams};
 use crate::hf::tokenizer::{TextStream, Tokenizer};
 use crate::{Error, Model, Result};
 
@@ -110,7 +110,7 @@ pub enum FinishReason {
 pub struct Generation<'m> {
     model: &'m mut Model,
     /// `None`: greedy by the BPF argmax ([`Model::next_token`]).
-    sampler: Option<Sampler>,
+    sampler: Option<IntSampler>,
     stop_tokens: Vec<u32>,
     max_tokens: usize,
     prompt_len: usize,
@@ -130,8 +130,10 @@ impl Model {
     /// The prompt is fed here, with [`Model::prefill`]; every token after the first then costs
     /// one forward pass when the iterator asks for it. With temperature 0 and no penalties the
     /// tokens are the BPF LM head's argmax ([`Model::next_token`]), exactly the tokens of calling
-    /// it in a loop; otherwise a [`Sampler`] draws them from the [`Model::forward`] logits, with
-    /// the prompt counted for the penalties.
+    /// it in a loop; otherwise the integer sampler (`src/num/sample.rs`, the twin of the kernel's
+    /// `src/bpf/sample.inc.c`) draws them from the Q16 logits ([`Model::forward_fixed`]), with the
+    /// prompt counted for the penalties: one seed gives the tokens of
+    /// [`Model::generate_in_kernel`] with the same options (docs/sampling.md).
     ///
     /// Everything is checked before anything is fed, so on error the model is unchanged: bad
     /// sampling parameters are [`Error::InvalidParameter`], and the prompt errors are those of
@@ -139,7 +141,7 @@ impl Model {
     /// [`Error::ContextOverflow`]).
     pub fn generate(&mut self, prompt: &[u32], opts: &GenerateOptions) -> Result<Generation<'_>> {
         let sampling = &opts.sampling;
-        sampling.validate()?;
+        sampling.to_fixed()?;
         self.check_feed(prompt)?;
         let Some((&last, head)) = prompt.split_last() else {
             return Err(Error::EmptyPrompt);
@@ -150,9 +152,10 @@ impl Model {
             }
             (None, self.next_token(last)?)
         } else {
-            let mut sampler = Sampler::new(sampling)?;
-            sampler.accept_all(prompt);
-            let first = sampler.sample(self.prefill(prompt)?)?;
+            let mut sampler = IntSampler::new(sampling, self.cfg.vocab_size)?;
+            prompt.iter().for_each(|&t| sampler.accept(t));
+            self.prefill(prompt)?;
+            let first = sampler.sample(self.last_logits_fixed()?)?;
             (Some(sampler), first)
         };
         Ok(Generation {
@@ -191,9 +194,11 @@ impl<'m> Generation<'m> {
         self.prompt_len
     }
 
-    /// The sampler's seed ([`Sampler::seed`]), or `None` when decoding greedily by the BPF argmax.
+    /// The sampler's seed ([`SamplingParams::seed`], or the one drawn from the operating system
+    /// when it is `None`: pass it back to replay), or `None` when decoding greedily by the BPF
+    /// argmax.
     pub fn seed(&self) -> Option<u64> {
-        self.sampler.as_ref().map(Sampler::seed)
+        self.sampler.as_ref().map(IntSampler::seed)
     }
 
     /// The model generating (for its position, [`Model::bpf_runs`], ...).
@@ -216,7 +221,7 @@ impl<'m> Generation<'m> {
         match &mut self.sampler {
             None => self.model.next_token(token),
             Some(sampler) => {
-                let logits = self.model.forward(token)?;
+                let logits = self.model.forward_fixed(token)?;
                 sampler.sample(logits)
             }
         }

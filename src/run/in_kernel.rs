@@ -1,6 +1,7 @@
 //! Generation inside the kernel ([`crate::Model::generate_in_kernel`]): the prompt and every
-//! generated token run in BPF, the argmax of each step fed back in the kernel; user space only
-//! starts invocations and reads the tokens from a ring buffer.
+//! generated token run in BPF, the argmax of each step (or the token the integer sampler,
+//! `src/bpf/sample.inc.c`, draws) fed back in the kernel; user space only starts invocations and
+//! reads the tokens from a ring buffer.
 //!
 //! One invocation of the `generate` program (`src/bpf/generate.inc.c`; one per thread, meeting at
 //! the plan's barriers) runs for at most [`BUDGET`]: a kernel built without preemption lets one
@@ -48,6 +49,8 @@ pub struct KernelGeneration<'m> {
     /// The time budget of every invocation after the first (the first returns after the first
     /// token, so that the prompt's time is measured and its token shown at once).
     budget_ns: u64,
+    /// The sampler's seed; `None` when greedy by the argmax.
+    seed: Option<u64>,
 }
 
 impl std::fmt::Debug for KernelGeneration<'_> {
@@ -61,7 +64,7 @@ impl std::fmt::Debug for KernelGeneration<'_> {
 }
 
 impl<'m> KernelGeneration<'m> {
-    pub(crate) fn new(model: &'m mut Model, mut args: Vec<GenArgs>) -> Self {
+    pub(crate) fn new(model: &'m mut Model, mut args: Vec<GenArgs>, seed: Option<u64>) -> Self {
         let budget_ns = args[0].budget_ns;
         for a in &mut args {
             a.budget_ns = 0;
@@ -73,7 +76,14 @@ impl<'m> KernelGeneration<'m> {
             invocations: 0,
             last_bytes: Vec::new(),
             budget_ns,
+            seed,
         }
+    }
+
+    /// The in-kernel sampler's seed ([`crate::SamplingParams::seed`], or the one drawn when it
+    /// is `None`), or `None` when the kernel takes the argmax.
+    pub fn seed(&self) -> Option<u64> {
+        self.seed
     }
 
     /// For tests: a time budget per invocation other than [`BUDGET`].
@@ -301,14 +311,18 @@ impl Model {
         Ok(())
     }
 
-    /// Greedy generation inside the kernel: one BPF invocation per thread feeds `prompt` and
-    /// generates up to `opts.max_tokens` tokens (stopping at `opts.stop_tokens`), the argmax of
-    /// each step fed back in the kernel, writing each token to a BPF ring buffer as it is made;
-    /// the returned iterator reads them. An invocation runs at most
-    /// `BUDGET` (the first one returns after the first new token) and the
-    /// iterator invokes again until the generation ends.
-    /// Needs a store that can be planned; `opts.sampling` must be greedy (the kernel has no
-    /// sampler). The prompt is checked as in [`Model::prefill`].
+    /// Generation inside the kernel: one BPF invocation per thread feeds `prompt` and generates
+    /// up to `opts.max_tokens` tokens (stopping at `opts.stop_tokens`), each chosen and fed back
+    /// in the kernel, writing each token to a BPF ring buffer as it is made; the returned
+    /// iterator reads them. An invocation runs at most `BUDGET` (the first one returns after the
+    /// first new token) and the iterator invokes again until the generation ends.
+    ///
+    /// Greedy `opts.sampling` with no penalty (the default) takes the LM head's argmax; any
+    /// other sampling draws each token with the kernel's integer sampler
+    /// (`src/bpf/sample.inc.c`), the prompt counted for the penalties, so that one seed gives
+    /// the tokens [`Model::generate`] gives. Parameters outside the integer sampler's ranges
+    /// are [`Error::InvalidParameter`] (see `SamplingParams`). Needs a store that can be
+    /// planned. The prompt is checked as in [`Model::prefill`].
     pub fn generate_in_kernel(
         &mut self,
         prompt: &[u32],
@@ -321,22 +335,34 @@ impl Model {
             )));
         };
         let p = &opts.sampling;
-        for (name, value, greedy) in [
-            ("temperature", p.temperature, 0.0),
-            ("repetition_penalty", p.repetition_penalty, 1.0),
-            ("presence_penalty", p.presence_penalty, 0.0),
-            ("frequency_penalty", p.frequency_penalty, 0.0),
-        ] {
-            if value != greedy {
-                return Err(Error::InvalidParameter {
-                    name,
-                    value: value as f64,
-                    expected: "the greedy setting: in-kernel generation takes the argmax",
-                });
-            }
+        let fixed = p.to_fixed()?;
+        let sampling = !(p.is_greedy() && !fixed.has_penalties());
+        if sampling {
+            crate::num::limits::check_sampler_vocab(self.cfg.vocab_size)?;
         }
         let stops = kernel_stops(&opts.stop_tokens)?;
         self.check_feed(prompt)?;
+        let seed = sampling.then(|| p.seed.unwrap_or_else(crate::run::sampling::random_seed));
+        // the prompt counted for the penalties (the kernel counts each token it draws)
+        let counts = if sampling && fixed.has_penalties() {
+            let c = self.ops.arena.slice_mut::<u32>(self.b.counts)?;
+            c.fill(0);
+            for &t in prompt {
+                c[t as usize] += 1; // checked above: below the vocabulary
+            }
+            self.ops.addr_of(self.b.counts)
+        } else {
+            0
+        };
+        let sample = crate::kernel::ops::sample_args(
+            &fixed,
+            self.ops.addr_of(self.b.logits),
+            self.cfg.vocab_size as u32,
+            counts,
+            self.ops.addr_of(self.b.hist),
+            self.ops.addr_of(self.b.exp2),
+            seed.unwrap_or(0),
+        );
         let max_new = opts.max_tokens.min(u32::MAX as usize - 1) as u32;
         // every position this generation can feed, committed ahead (a store to an uncommitted
         // arena page would be lost)
@@ -373,10 +399,12 @@ impl Model {
                 head_parts: head.parts.len() as u32,
                 n_stops: opts.stop_tokens.len() as u32,
                 stops,
+                sampling: sampling.into(),
+                sample,
                 ..Default::default()
             })
             .collect();
-        Ok(KernelGeneration::new(self, args))
+        Ok(KernelGeneration::new(self, args, seed))
     }
 
     /// One round of in-kernel generation (see [`crate::run::in_kernel`]): runs `args` and moves the

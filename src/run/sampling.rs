@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use rand::{Rng, SeedableRng, TryRngCore};
 use rand_chacha::ChaCha8Rng;
 
+use crate::num::sample::{self as int, Params};
 use crate::{Error, Result};
 
 /// How to choose each next token. The default is greedy decoding (temperature 0, no filter, no
@@ -172,6 +173,111 @@ impl SamplingParams {
     }
 }
 
+impl SamplingParams {
+    /// The parameters in the integer sampler's fixed point (Q16, `src/bpf/sample.inc.c`):
+    /// [`SamplingParams::validate`], then each value rounded to Q16 and checked against the
+    /// kernel's ranges (temperature 0 or 0.01..=100, top-p at least 2^-16, repetition penalty
+    /// 0.01..=100, presence and frequency penalties within ±64), else
+    /// [`Error::InvalidParameter`] naming the parameter with the value given.
+    pub(crate) fn to_fixed(&self) -> Result<Params> {
+        self.validate()?;
+        let q16 = |v: f32| (f64::from(v) * f64::from(int::ONE)).round();
+        let p = Params {
+            temp_q16: q16(self.temperature) as u32,
+            top_k: self.top_k.min(u32::MAX as usize) as u32,
+            top_p_q16: q16(self.top_p) as u32,
+            min_p_q16: q16(self.min_p) as u32,
+            rep_q16: q16(self.repetition_penalty) as u32,
+            presence_q16: q16(self.presence_penalty) as i32,
+            frequency_q16: q16(self.frequency_penalty) as i32,
+        };
+        // report the value as given, not its Q16 rounding (nor a saturated cast)
+        p.check().map(|()| p).map_err(|e| match e {
+            Error::InvalidParameter { name, expected, .. } => Error::InvalidParameter {
+                name,
+                value: match name {
+                    "temperature" => self.temperature,
+                    "top_p" => self.top_p,
+                    "min_p" => self.min_p,
+                    "repetition_penalty" => self.repetition_penalty,
+                    "presence_penalty" => self.presence_penalty,
+                    _ => self.frequency_penalty,
+                }
+                .into(),
+                expected,
+            },
+            e => e,
+        })
+    }
+}
+
+/// The integer sampler ([`crate::num::sample`]) on user-space logits, with its state: the
+/// generator, the counts of the tokens seen. What [`Model::generate`](crate::Model::generate)
+/// samples with, so that its tokens are the kernel's (`generate_in_kernel`) for one seed.
+#[derive(Clone)]
+pub(crate) struct IntSampler {
+    params: Params,
+    seed: u64,
+    rng: u64,
+    /// Times each token was accepted.
+    counts: Vec<u32>,
+    /// The logits copied, penalised in place by the draw.
+    scratch: Vec<i32>,
+    tab: [u32; 257],
+}
+
+impl std::fmt::Debug for IntSampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IntSampler")
+            .field("params", &self.params)
+            .field("seed", &self.seed)
+            .finish()
+    }
+}
+
+impl IntSampler {
+    /// A sampler over `vocab` tokens; the generator starts at `params.seed` (or one from the
+    /// operating system). Parameters as [`SamplingParams::to_fixed`].
+    pub(crate) fn new(params: &SamplingParams, vocab: usize) -> Result<IntSampler> {
+        let fixed = params.to_fixed()?;
+        crate::num::limits::check_sampler_vocab(vocab)?;
+        let seed = params.seed.unwrap_or_else(random_seed);
+        Ok(IntSampler {
+            params: fixed,
+            seed,
+            rng: seed,
+            counts: vec![0; vocab],
+            scratch: Vec::with_capacity(vocab),
+            tab: crate::num::fixed::exp2_table(),
+        })
+    }
+
+    /// The seed: the generator's first state.
+    pub(crate) fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Counts `token` as seen, for the penalties (ids past the vocabulary are ignored).
+    pub(crate) fn accept(&mut self, token: u32) {
+        if let Some(c) = self.counts.get_mut(token as usize) {
+            *c = c.wrapping_add(1);
+        }
+    }
+
+    /// Draws the next token from the Q16 `logits` (not recorded: see [`IntSampler::accept`]).
+    pub(crate) fn sample(&mut self, logits: &[i32]) -> Result<u32> {
+        self.scratch.clear();
+        self.scratch.extend_from_slice(logits);
+        int::sample(
+            &self.params,
+            &mut self.scratch,
+            Some(&self.counts),
+            &self.tab,
+            &mut self.rng,
+        )
+    }
+}
+
 /// One token of the distribution a [`Sampler`] draws from.
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
@@ -211,9 +317,14 @@ pub struct Candidate {
 ///    [`Sampler::seed`], so any run can be replayed.
 ///
 /// Temperature 0 is greedy decoding: the argmax of the penalised logits (ties: the lowest id),
-/// no filter and no random draw. [`Model::generate`](crate::Model::generate) goes further when
-/// there are no penalties either: it takes the argmax the BPF LM head computes
-/// ([`Model::next_token`](crate::Model::next_token)), without copying the logits out.
+/// no filter and no random draw.
+///
+/// This is the f32 reference sampler: [`Model::generate`](crate::Model::generate) and
+/// [`Model::generate_in_kernel`](crate::Model::generate_in_kernel) draw with the integer sampler
+/// instead (the same stages in Q16 arithmetic with a splitmix64 generator, in BPF and in its Rust
+/// twin, so that both paths give the same tokens for a seed; docs/sampling.md), whose
+/// distribution agrees with this one's to a total variation of a few 10^-6. Use this one for
+/// logits from elsewhere, such as the f32 [`Reference`](crate::Reference).
 ///
 ///
 /// ```
@@ -440,7 +551,7 @@ fn softmax(logits: &[f64]) -> Vec<f64> {
 
 /// A seed from the operating system's random source, or from the clock and process id if that
 /// fails.
-fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     rand::rngs::OsRng.try_next_u64().unwrap_or_else(|_| {
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

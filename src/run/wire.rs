@@ -28,16 +28,14 @@ pub const TEXT_HEADER_BYTES: usize = 48;
 pub const FLAG_CHAT: u32 = 1;
 /// 1.0 in a text request's sampling fields (Q16.16).
 pub const ONE: u32 = 1 << 16;
-/// The largest temperature a text request may ask for (`EV_TEMPERATURE_MAX`).
-pub const TEMPERATURE_MAX: f32 = 100.0;
-/// The largest repetition penalty a text request may ask for (`EV_PENALTY_MAX`).
-pub const PENALTY_MAX: f32 = 10.0;
 
-/// A text request's sampling fields, as the wire carries them (Q16.16 fixed point, 0 = off):
-/// `temperature` 0 is greedy.
+/// A text request's sampling fields, as the wire carries them: the integer sampler's parameters
+/// (`src/bpf/sample.inc.c`, Q16.16 fixed point; 0 = off, and 1.0 is off too for top-p and the
+/// penalty). `temperature` 0 is greedy. The kernel refuses values outside the sampler's limits
+/// ([`crate::Refusal::Limit`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WireSampling {
-    /// Q16.16; 0: greedy (the other fields are then ignored).
+    /// Q16.16; 0: greedy, else 0.01 to 100.
     pub temperature: u32,
     /// Keep the `top_k` most likely tokens; 0: all.
     pub top_k: u32,
@@ -45,68 +43,36 @@ pub struct WireSampling {
     pub top_p: u32,
     /// Q16.16 in [0, 1]; 0: off.
     pub min_p: u32,
-    /// Q16.16; 0 or 1.0: off.
+    /// Q16.16; 0 or 1.0: off, else 0.01 to 100.
     pub repetition_penalty: u32,
     /// The sampler's seed.
     pub seed: u64,
 }
 
 impl WireSampling {
-    /// The wire form of `p` (each fraction rounded to the nearest 1/65536). Refuses what the
-    /// wire cannot carry: a temperature above [`TEMPERATURE_MAX`], a repetition penalty above
-    /// [`PENALTY_MAX`], presence or frequency penalties, a `top_k` past `u32`. Without a seed, one
-    /// is taken from the clock.
+    /// The wire form of `p`: the integer sampler's parameters, as [`crate::Model::generate`]
+    /// uses them, so that one seed gives one text served and generated. Refuses what the
+    /// sampler cannot take ([`crate::Error::InvalidParameter`]) and presence or frequency
+    /// penalties, which the wire does not carry. Without a seed, one is drawn.
     pub fn from_params(p: &crate::SamplingParams) -> crate::Result<WireSampling> {
-        p.validate()?;
-        let bad = |name: &'static str, value: f64, expected: &'static str| {
-            crate::Error::InvalidParameter {
-                name,
-                value,
-                expected,
-            }
-        };
-        let q16 = |v: f32| (v as f64 * ONE as f64).round() as u32;
-        if p.temperature > TEMPERATURE_MAX {
-            return Err(bad(
-                "temperature",
-                p.temperature as f64,
-                "at most 100 on the wire",
-            ));
-        }
-        if p.repetition_penalty > PENALTY_MAX {
-            return Err(bad(
-                "repetition_penalty",
-                p.repetition_penalty as f64,
-                "at most 10 on the wire",
-            ));
-        }
-        if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
-            return Err(bad(
-                "presence_penalty",
-                (p.presence_penalty + p.frequency_penalty) as f64,
-                "0: the wire carries no presence or frequency penalty",
-            ));
-        }
-        if p.is_greedy() {
-            return Ok(WireSampling::default());
+        let f = p.to_fixed()?;
+        if f.presence_q16 != 0 || f.frequency_q16 != 0 {
+            return Err(crate::Error::InvalidParameter {
+                name: "presence_penalty",
+                value: (p.presence_penalty + p.frequency_penalty) as f64,
+                expected: "0: the wire carries no presence or frequency penalty",
+            });
         }
         Ok(WireSampling {
-            temperature: q16(p.temperature).max(1),
-            top_k: u32::try_from(p.top_k)
-                .map_err(|_| bad("top_k", p.top_k as f64, "at most u32::MAX"))?,
-            top_p: if p.top_p >= 1.0 { 0 } else { q16(p.top_p) },
-            min_p: q16(p.min_p),
-            repetition_penalty: if p.repetition_penalty == 1.0 {
-                0
-            } else {
-                q16(p.repetition_penalty)
-            },
-            // no seed: one from the clock, as the library's sampler takes a fresh one
-            seed: p.seed.unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_nanos() as u64)
-            }),
+            temperature: f.temp_q16,
+            top_k: f.top_k,
+            top_p: f.top_p_q16,
+            min_p: f.min_p_q16,
+            repetition_penalty: f.rep_q16,
+            // no seed: one drawn as the library's sampler draws one
+            seed: p
+                .seed
+                .unwrap_or_else(crate::run::sampling::random_seed),
         })
     }
 }
