@@ -30,6 +30,8 @@ struct formats_args {
 	/* limits.h */
 	u32 cols_max, q24_cols_align, swar_cols_align, w4_rows_align, w8_rows_align, norm_max;
 	u32 head_dim_max, batch_max;
+	u32 tok_text_max, tok_ids_max, tok_cp_max, tok_word_max, tok_marks_max, tok_added_max;
+	u32 tok_added_len, pad2;
 };
 
 /* Reports fixed.h's and limits.h's constants, so that a test can compare them with src/fixed.rs
@@ -57,6 +59,13 @@ int formats(struct formats_args *a)
 	a->norm_max = LIM_NORM_MAX;
 	a->head_dim_max = LIM_HEAD_DIM_MAX;
 	a->batch_max = LIM_BATCH_MAX;
+	a->tok_text_max = LIM_TOK_TEXT_MAX;
+	a->tok_ids_max = LIM_TOK_IDS_MAX;
+	a->tok_cp_max = LIM_TOK_CP_MAX;
+	a->tok_word_max = LIM_TOK_WORD_MAX;
+	a->tok_marks_max = LIM_TOK_MARKS_MAX;
+	a->tok_added_max = LIM_TOK_ADDED_MAX;
+	a->tok_added_len = LIM_TOK_ADDED_LEN;
 	return 0;
 }
 
