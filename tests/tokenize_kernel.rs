@@ -10,7 +10,7 @@ use std::sync::OnceLock;
 use qwen_bpf::num::limits::TOK_IDS_MAX;
 use qwen_bpf::num::tok_tables::TokTables;
 use qwen_bpf::num::tok_twin;
-use qwen_bpf::Tokenizer;
+use qwen_bpf::{KernelTokenizer, Tokenizer};
 
 const QWEN3: &str = "/work/shared/qwen3-tokenizer/tokenizer.json";
 
@@ -70,4 +70,30 @@ fn the_twin_composes_every_code_point_as_the_crate_does() {
         }
     }
     assert_eq!(bad, 0);
+}
+
+fn kernel() -> std::sync::MutexGuard<'static, KernelTokenizer> {
+    static K: OnceLock<std::sync::Mutex<KernelTokenizer>> = OnceLock::new();
+    K.get_or_init(|| {
+        std::sync::Mutex::new(
+            KernelTokenizer::from_tables(tables()).expect("load the kernel tokenizer"),
+        )
+    })
+    .lock()
+    .unwrap()
+}
+
+#[test]
+fn kernel_smoke() {
+    let mut k = kernel();
+    for s in [
+        "hello world",
+        "<|im_start|>user\nhé\u{301}llo 's 123<|im_end|>",
+        "  \n\n x",
+        "",
+    ] {
+        let got = k.encode(s).unwrap();
+        let want = tokenizer().encode(s).unwrap();
+        assert_eq!(got, want, "{s:?}");
+    }
 }

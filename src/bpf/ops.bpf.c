@@ -7,8 +7,10 @@
  * same integers. Long loops use open-coded iterators (bpf_for), so the verifier checks the
  * body once instead of once per iteration.
  *
- * One object, one arena: the operators below, then six fragments (*.inc.c, not compiled on
+ * One object, one arena: the operators below, then seven fragments (*.inc.c, not compiled on
  * their own) joined at the end in this order, each using what the ones before it define:
+ *   tokenize.inc.c  the Qwen3 tokenizer: text -> ids (this file's arena; first, so that the
+ *                   event path below can tokenize a request's text)
  *   swar.inc.c      the low-bit SWAR kernels (fixed.h's helpers, this file's arena)
  *   argmax.inc.c    the screened LM-head argmax (calls the exact heads above and swar's)
  *   kv8.inc.c       int8 KV-cache attention (the attention helpers above)
@@ -689,6 +691,9 @@ OP(attention, struct attention_args)
 	return 0;
 }
 
+/* ------------------------------------------------------------------ the tokenizer */
+#include "tokenize.inc.c"
+
 /* ------------------------------------------------------------------ low-bit SWAR kernels */
 #include "swar.inc.c"
 
@@ -725,6 +730,9 @@ struct constants_args {
 	u32 sw_group, sw_scale_shift, sw_kmax;
 	u32 kv8_qmax, kv8_hd_max;
 	u32 slot_bytes;
+	u32 tok_magic, tok_scratch_bytes, tok_args_bytes;
+	s32 tok_e_text, tok_e_ids, tok_e_utf8, tok_e_cps, tok_e_word, tok_e_marks, tok_e_tables;
+	s32 tok_e_budget;
 	char op_names[256]; /* PLAN_OP_NAMES, NUL-terminated */
 };
 
@@ -768,6 +776,17 @@ int constants(struct constants_args *a)
 	a->kv8_qmax = KV8_QMAX;
 	a->kv8_hd_max = KV8_HD_MAX;
 	a->slot_bytes = sizeof(struct plan_slot);
+	a->tok_magic = TOK_MAGIC;
+	a->tok_scratch_bytes = TOK_SCRATCH_BYTES;
+	a->tok_args_bytes = sizeof(struct tokenize_args);
+	a->tok_e_text = TOK_E_TEXT;
+	a->tok_e_ids = TOK_E_IDS;
+	a->tok_e_utf8 = TOK_E_UTF8;
+	a->tok_e_cps = TOK_E_CPS;
+	a->tok_e_word = TOK_E_WORD;
+	a->tok_e_marks = TOK_E_MARKS;
+	a->tok_e_tables = TOK_E_TABLES;
+	a->tok_e_budget = TOK_E_BUDGET;
 	for (u32 i = 0; i < sizeof(plan_op_names); i++)
 		a->op_names[i] = plan_op_names[i];
 	return 0;

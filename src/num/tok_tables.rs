@@ -8,8 +8,8 @@
 //! | header field | shape | what |
 //! |---|---|---|
 //! | `stage1` | `u32 [0x1100]` | block number of each 256 code points |
-//! | `stage2` | `u32 [blocks][256]` | record of a code point: `class \| ccc << 8 \| decomp << 16` |
-//! | `decomp` | `u32 [..]` | at a record's `decomp` (0: none): `len`, then `len` words `cp \| ccc << 24` |
+//! | `stage2` | `u32 [blocks][256]` | record of a code point: `class \| SECOND \| ccc << 8 \| decomp << 16` |
+//! | `decomp` | `u32 [..]` | at a record's `decomp` (0: none): `len`, then `len` words `cp \| W_SECOND \| ccc << 24` |
 //! | `comp` | `u32 [comp_mask + 1][4]` | NFC pairs: `a, b, composite, 0` (a = 0: empty slot) |
 //! | `merge` | `u32 [merge_mask + 1][4]` | BPE merges: `left + 1, right, rank, merged id` (0: empty) |
 //! | `byte_id` | `u32 [256]` | the id of each byte alone ([`NONE`]: not in the vocabulary) |
@@ -50,6 +50,11 @@ pub const C_NUMBER: u32 = 2;
 pub const C_SPACE: u32 = 3;
 /// `\r` or `\n`.
 pub const C_NEWLINE: u32 = 4;
+/// Record bit: the code point is the second of some composition (an NFC pair or a Hangul
+/// vowel or trailing consonant), so that composition looks pairs up only for these.
+pub const SECOND: u32 = 1 << 7;
+/// [`SECOND`] in a code-point word of the NFC stages (`cp | W_SECOND | ccc << 24`).
+pub const W_SECOND: u32 = 1 << 23;
 /// Code points per stage-1 entry.
 pub const BLOCK: usize = 256;
 /// Stage-1 entries (0x110000 / 256).
@@ -124,11 +129,12 @@ impl TokTables {
 
         let mut w = vec![0u32; h::LEN];
         w[h::MAGIC] = MAGIC;
-        let (stage1, stage2, decomp) = code_points().map_err(refuse)?;
+        let pairs = compositions();
+        let (stage1, stage2, decomp) = code_points(&pairs).map_err(refuse)?;
         w[h::STAGE1] = push(&mut w, &stage1);
         w[h::STAGE2] = push(&mut w, &stage2);
         w[h::DECOMP] = push(&mut w, &decomp);
-        let (comp, mask) = hash_table(&compositions(), |&(a, b, c)| [a, b, c, 0]);
+        let (comp, mask) = hash_table(&pairs, |&(a, b, c)| [a, b, c, 0]);
         w[h::COMP_MASK] = mask;
         w[h::COMP] = push(&mut w, &comp);
         let (table, mask) = hash_table(&merges, |&(l, r, rank, id)| [l + 1, r, rank, id]);
@@ -352,8 +358,20 @@ fn added_tokens(v: &Value) -> std::result::Result<Vec<(Vec<u8>, u32)>, String> {
 
 /// The per-code-point records (two-stage table) and the decomposition list.
 #[allow(clippy::type_complexity)]
-fn code_points() -> std::result::Result<(Vec<u32>, Vec<u32>, Vec<u32>), String> {
+fn code_points(
+    pairs: &[(u32, u32, u32)],
+) -> std::result::Result<(Vec<u32>, Vec<u32>, Vec<u32>), String> {
     let class = regex_classes()?;
+    let mut second = vec![false; 0x110000];
+    for &(_, b, _) in pairs {
+        second[b as usize] = true;
+    }
+    // Hangul vowels (L + V) and trailing consonants (LV + T)
+    for b in (0x1161..0x1161 + 21).chain(0x11a8..0x11a7 + 28) {
+        second[b] = true;
+    }
+    let flag = |cp: u32| if second[cp as usize] { SECOND } else { 0 };
+    let word = |cp: u32| cp | ccc(cp) << 24 | if second[cp as usize] { W_SECOND } else { 0 };
     let mut decomp = vec![0u32]; // offset 0: no decomposition
     let mut stage1 = vec![0u32; STAGE1];
     let mut stage2: Vec<u32> = Vec::new();
@@ -373,12 +391,12 @@ fn code_points() -> std::result::Result<(Vec<u32>, Vec<u32>, Vec<u32>), String> 
             if d != [cp] && !d.is_empty() {
                 off = decomp.len() as u32;
                 decomp.push(d.len() as u32);
-                decomp.extend(d.iter().map(|&x| x | (ccc(x) << 24)));
+                decomp.extend(d.iter().map(|&x| word(x)));
             }
             if off > 0xffff {
                 return Err("the decomposition table outgrew 16 bits".into());
             }
-            *rec = class[cp as usize] as u32 | ccc(cp) << 8 | off << 16;
+            *rec = class[cp as usize] as u32 | flag(cp) | ccc(cp) << 8 | off << 16;
         }
         let next = blocks.len() as u32;
         let b = *blocks.entry(recs.clone()).or_insert_with(|| {

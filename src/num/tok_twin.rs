@@ -10,7 +10,9 @@
 //! adjacent pair of lowest merge rank, the leftmost on ties.
 
 use super::limits::{TOK_CP_MAX, TOK_IDS_MAX, TOK_MARKS_MAX, TOK_TEXT_MAX, TOK_WORD_MAX};
-use super::tok_tables::{h, hash, C_LETTER, C_NEWLINE, C_NUMBER, C_OTHER, C_SPACE, MAGIC, NONE};
+use super::tok_tables::{
+    h, hash, C_LETTER, C_NEWLINE, C_NUMBER, C_OTHER, C_SPACE, MAGIC, NONE, SECOND, W_SECOND,
+};
 
 /// Error codes of `tokenize` (`TOK_E_*`), negative like the kernel's returns.
 pub mod err {
@@ -28,7 +30,7 @@ pub mod err {
     pub const MARKS: i32 = -6;
     /// The tables are not tokenizer tables (bad magic).
     pub const TABLES: i32 = -7;
-    /// A loop ran out of the kernel's iteration budget (kernel only; never expected).
+    /// A kernel loop reached its bound with work left (kernel only; never expected).
     pub const BUDGET: i32 = -8;
 }
 
@@ -141,7 +143,7 @@ impl Tok<'_> {
             cps.push(x);
             Ok(())
         };
-        // decode and decompose: words cp | ccc << 24
+        // decode and decompose: words cp | W_SECOND | ccc << 24
         let mut p = 0;
         while p < t.len() {
             let (cp, n) = decode(&t[p..]).ok_or(err::UTF8)?;
@@ -149,16 +151,17 @@ impl Tok<'_> {
             if (S_BASE..S_BASE + S_COUNT).contains(&cp) {
                 let s = cp - S_BASE;
                 push(L_BASE + s / N_COUNT, &mut cps)?;
-                push(V_BASE + (s % N_COUNT) / T_COUNT, &mut cps)?;
+                push(V_BASE + (s % N_COUNT) / T_COUNT | W_SECOND, &mut cps)?;
                 if s % T_COUNT != 0 {
-                    push(T_BASE + s % T_COUNT, &mut cps)?;
+                    push(T_BASE + s % T_COUNT | W_SECOND, &mut cps)?;
                 }
                 continue;
             }
             let rec = self.record(cp);
             let d = (rec >> 16) as usize;
             if d == 0 {
-                push(cp | (rec >> 8 & 0xff) << 24, &mut cps)?;
+                let second = if rec & SECOND != 0 { W_SECOND } else { 0 };
+                push(cp | second | (rec >> 8 & 0xff) << 24, &mut cps)?;
             } else {
                 let base = self.at(h::DECOMP) + d;
                 for k in 0..self.w[base] as usize {
@@ -190,7 +193,7 @@ impl Tok<'_> {
         let (mut w, mut starter, mut last) = (0usize, usize::MAX, 0x100u32);
         for r in 0..cps.len() {
             let (x, c) = (cps[r], cps[r] >> 24);
-            if starter != usize::MAX && (last == 0x100 || last < c) {
+            if starter != usize::MAX && (last == 0x100 || last < c) && x & W_SECOND != 0 {
                 let comp = self.compose(cps[starter] & CP_MASK, x & CP_MASK);
                 if comp != 0 {
                     cps[starter] = comp;
@@ -209,7 +212,7 @@ impl Tok<'_> {
         cps.truncate(w);
         for x in &mut cps {
             let cp = *x & CP_MASK;
-            *x = cp | (self.record(cp) & 0xff) << 24;
+            *x = cp | (self.record(cp) & 0xf) << 24;
         }
         Ok(cps)
     }
