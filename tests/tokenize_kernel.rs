@@ -7,10 +7,13 @@ mod tok_corpus;
 
 use std::sync::OnceLock;
 
-use qwen_bpf::num::limits::TOK_IDS_MAX;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use qwen_bpf::num::limits::{TOK_IDS_MAX, TOK_MARKS_MAX, TOK_TEXT_MAX, TOK_WORD_MAX};
 use qwen_bpf::num::tok_tables::TokTables;
-use qwen_bpf::num::tok_twin;
-use qwen_bpf::{KernelTokenizer, Tokenizer};
+use qwen_bpf::num::tok_twin::{self, err};
+use qwen_bpf::{Error, KernelTokenizer, Tokenizer};
 
 const QWEN3: &str = "/work/shared/qwen3-tokenizer/tokenizer.json";
 
@@ -72,28 +75,220 @@ fn the_twin_composes_every_code_point_as_the_crate_does() {
     assert_eq!(bad, 0);
 }
 
-fn kernel() -> std::sync::MutexGuard<'static, KernelTokenizer> {
-    static K: OnceLock<std::sync::Mutex<KernelTokenizer>> = OnceLock::new();
+/// The kernel tokenizer of the Qwen3 tables (one BPF object for the whole test binary).
+fn kernel() -> MutexGuard<'static, KernelTokenizer> {
+    static K: OnceLock<Mutex<KernelTokenizer>> = OnceLock::new();
     K.get_or_init(|| {
-        std::sync::Mutex::new(
-            KernelTokenizer::from_tables(tables()).expect("load the kernel tokenizer"),
-        )
+        Mutex::new(KernelTokenizer::from_tables(tables()).expect("load the kernel tokenizer"))
     })
     .lock()
     .unwrap()
 }
 
+fn mb_s(bytes: usize, t: Duration) -> f64 {
+    bytes as f64 / 1e6 / t.as_secs_f64()
+}
+
 #[test]
-fn kernel_smoke() {
+fn the_kernel_equals_the_twin_and_the_tokenizers_crate_on_the_corpus() {
+    let corpus = tok_corpus::corpus();
+    let bytes: usize = corpus.iter().map(String::len).sum();
+    assert!(corpus.len() >= 10_000);
+    let t0 = Instant::now();
+    let want: Vec<Vec<u32>> = corpus
+        .iter()
+        .map(|s| tokenizer().encode(s).unwrap())
+        .collect();
+    let t_crate = t0.elapsed();
     let mut k = kernel();
-    for s in [
-        "hello world",
-        "<|im_start|>user\nhé\u{301}llo 's 123<|im_end|>",
-        "  \n\n x",
-        "",
-    ] {
-        let got = k.encode(s).unwrap();
-        let want = tokenizer().encode(s).unwrap();
-        assert_eq!(got, want, "{s:?}");
+    let t0 = Instant::now();
+    let got: Vec<Vec<u32>> = corpus.iter().map(|s| k.encode(s).unwrap()).collect();
+    let t_kernel = t0.elapsed();
+    let t0 = Instant::now();
+    let twin: Vec<Vec<u32>> = corpus
+        .iter()
+        .map(|s| tok_twin::tokenize(&tables().words, s.as_bytes(), TOK_IDS_MAX).unwrap())
+        .collect();
+    let t_twin = t0.elapsed();
+    eprintln!(
+        "corpus: {} strings, {bytes} bytes, {} ids; kernel {:.2} MB/s, tokenizers crate {:.2} MB/s, twin {:.2} MB/s",
+        corpus.len(),
+        want.iter().map(Vec::len).sum::<usize>(),
+        mb_s(bytes, t_kernel),
+        mb_s(bytes, t_crate),
+        mb_s(bytes, t_twin),
+    );
+    assert_eq!(mismatches("kernel vs crate", &got, &want, &corpus), 0);
+    assert_eq!(mismatches("twin vs crate", &twin, &want, &corpus), 0);
+}
+
+#[test]
+fn the_kernel_refuses_what_exceeds_its_limits_as_the_twin_does() {
+    let mut k = kernel();
+    let w = &tables().words;
+    // (text, max_out, the code both must give)
+    let long_word = "a".repeat(TOK_WORD_MAX + 1);
+    let marks = format!("a{}", "\u{301}".repeat(TOK_MARKS_MAX + 1));
+    let cases: Vec<(Vec<u8>, usize, i32)> = vec![
+        (vec![b'a'; TOK_TEXT_MAX + 1], TOK_IDS_MAX, err::TEXT),
+        ("hello world, hello kernel".into(), 3, err::IDS),
+        ("<|im_start|><|im_end|>".into(), 1, err::IDS),
+        ("x".into(), TOK_IDS_MAX + 1, err::IDS),
+        (long_word.into_bytes(), TOK_IDS_MAX, err::WORD),
+        (marks.into_bytes(), TOK_IDS_MAX, err::MARKS),
+        (vec![b'a', 0xc3, b'(', b'b'], TOK_IDS_MAX, err::UTF8),
+        (vec![0xed, 0xa0, 0x80], TOK_IDS_MAX, err::UTF8),
+        (vec![0xc0, 0xaf], TOK_IDS_MAX, err::UTF8),
+    ];
+    for (text, max_out, code) in cases {
+        let head = String::from_utf8_lossy(&text[..text.len().min(40)]).into_owned();
+        let twin = tok_twin::tokenize(w, &text, max_out);
+        assert_eq!(twin, Err(code), "twin on {head:?}…");
+        if max_out <= TOK_IDS_MAX {
+            assert_eq!(
+                k.encode_raw(&text, max_out).unwrap(),
+                Err(code),
+                "kernel on {head:?}…"
+            );
+        }
     }
+    // the limits themselves still pass
+    let word = "a".repeat(TOK_WORD_MAX);
+    assert_eq!(k.encode(&word).unwrap(), tokenizer().encode(&word).unwrap());
+    let text = "ab ".repeat(TOK_TEXT_MAX / 3);
+    assert_eq!(k.encode(&text).unwrap(), tokenizer().encode(&text).unwrap());
+    let ids = tokenizer().encode("hello world").unwrap();
+    assert_eq!(k.encode_raw(b"hello world", ids.len()).unwrap(), Ok(ids));
+    // the public API names the limit
+    match k.encode(&"a".repeat(TOK_TEXT_MAX + 1)) {
+        Err(Error::Limit { value, .. }) => assert_eq!(value, TOK_TEXT_MAX + 1),
+        other => panic!("an over-long text gave {other:?}"),
+    }
+    assert!(matches!(
+        k.encode(&"b".repeat(TOK_WORD_MAX + 1)),
+        Err(Error::Limit { .. })
+    ));
+}
+
+/// `tokenizer.json` changed by `edit`, loaded.
+fn edited(edit: impl Fn(&mut serde_json::Value)) -> Tokenizer {
+    let mut j: serde_json::Value = serde_json::from_slice(&std::fs::read(QWEN3).unwrap()).unwrap();
+    edit(&mut j);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tokenizer.json");
+    std::fs::write(&path, serde_json::to_vec(&j).unwrap()).unwrap();
+    Tokenizer::from_file(&path).unwrap()
+}
+
+#[test]
+fn tokenizers_of_another_kind_are_refused_with_a_typed_error() {
+    use serde_json::json;
+    let edits: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+        (
+            "NFKC",
+            Box::new(|j| j["normalizer"] = json!({"type": "NFKC"})),
+        ),
+        ("no normalizer", Box::new(|j| j["normalizer"] = json!(null))),
+        (
+            "GPT-2 byte level",
+            Box::new(|j| {
+                j["pre_tokenizer"] = json!({"type": "ByteLevel", "add_prefix_space": false,
+                    "trim_offsets": true, "use_regex": true})
+            }),
+        ),
+        (
+            "another split regex",
+            Box::new(|j| {
+                j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = json!(r"\s+")
+            }),
+        ),
+        (
+            "ignore_merges",
+            Box::new(|j| j["model"]["ignore_merges"] = json!(true)),
+        ),
+        (
+            "an lstrip added token",
+            Box::new(|j| j["added_tokens"][3]["lstrip"] = json!(true)),
+        ),
+    ];
+    for (what, edit) in edits {
+        match TokTables::build(&edited(edit)) {
+            Err(Error::Tokenizer { msg, .. }) => eprintln!("{what}: refused: {msg:.120}"),
+            other => panic!("{what}: expected a refusal, got {:?}", other.map(|_| ())),
+        }
+    }
+}
+
+/// A tokenizer of the same structure with another vocabulary: Qwen's first `n` merges, the
+/// tokens they make and the bytes, renumbered, and the added tokens after them.
+fn small_vocab(n: usize) -> Tokenizer {
+    edited(|j| {
+        let merges: Vec<serde_json::Value> = j["model"]["merges"].as_array().unwrap()[..n].to_vec();
+        let old = j["model"]["vocab"].as_object().unwrap().clone();
+        let mut byte_tokens: Vec<(&String, u64)> = old
+            .iter()
+            .map(|(t, id)| (t, id.as_u64().unwrap()))
+            .filter(|(t, _)| t.chars().count() == 1)
+            .collect();
+        byte_tokens.sort_by_key(|&(_, id)| id);
+        let mut vocab = serde_json::Map::new();
+        for (t, _) in byte_tokens {
+            let id = vocab.len();
+            vocab.insert(t.clone(), id.into());
+        }
+        for m in &merges {
+            let t = format!("{}{}", m[0].as_str().unwrap(), m[1].as_str().unwrap());
+            if !vocab.contains_key(&t) {
+                let id = vocab.len();
+                vocab.insert(t, id.into());
+            }
+        }
+        let base = vocab.len();
+        for (i, a) in j["added_tokens"]
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .enumerate()
+        {
+            a["id"] = (base + i).into();
+        }
+        j["model"]["vocab"] = vocab.into();
+        j["model"]["merges"] = merges.into();
+    })
+}
+
+#[test]
+fn another_vocabulary_of_the_same_structure_gives_the_crates_ids_in_the_kernel() {
+    let tok = small_vocab(3000);
+    let t = TokTables::build(&tok).unwrap();
+    let mut k = KernelTokenizer::from_tables(&t).unwrap();
+    let corpus: Vec<String> = tok_corpus::corpus().into_iter().step_by(5).collect();
+    let want: Vec<Vec<u32>> = corpus.iter().map(|s| tok.encode(s).unwrap()).collect();
+    let got: Vec<Vec<u32>> = corpus.iter().map(|s| k.encode(s).unwrap()).collect();
+    let twin: Vec<Vec<u32>> = corpus
+        .iter()
+        .map(|s| tok_twin::tokenize(&t.words, s.as_bytes(), TOK_IDS_MAX).unwrap())
+        .collect();
+    assert_eq!(mismatches("kernel (small vocab)", &got, &want, &corpus), 0);
+    assert_eq!(mismatches("twin (small vocab)", &twin, &want, &corpus), 0);
+    // and a genuine directory layout: tokenizer.json found by Tokenizer::from_model_dir
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(QWEN3, dir.path().join("tokenizer.json")).unwrap();
+    let from_dir = Tokenizer::from_model_dir(dir.path()).unwrap();
+    assert_eq!(TokTables::build(&from_dir).unwrap().words, tables().words);
+}
+
+#[test]
+fn verifier_instructions_of_the_tokenizer_program() {
+    let k = kernel();
+    let counts = k.verified_instructions().unwrap();
+    let (_, n) = counts
+        .iter()
+        .find(|(name, _)| name == "tokenize_text")
+        .expect("the tokenize_text program is loaded");
+    eprintln!("verified instructions: tokenize_text {n}");
+    assert!(
+        *n > 0 && *n <= 500_000,
+        "tokenize_text: {n} processed instructions"
+    );
 }
