@@ -2,6 +2,7 @@
 //! (`qwen_bpf::num::tok_twin`) and the `tokenizers` crate, on a generated corpus of 14,000
 //! strings, and its refusals. The kernel tests load real BPF programs (root).
 
+mod common;
 #[path = "tok_corpus/mod.rs"]
 mod tok_corpus;
 
@@ -13,7 +14,7 @@ use std::time::{Duration, Instant};
 use qwen_bpf::num::limits::{TOK_IDS_MAX, TOK_MARKS_MAX, TOK_TEXT_MAX, TOK_WORD_MAX};
 use qwen_bpf::num::tok_tables::TokTables;
 use qwen_bpf::num::tok_twin::{self, err};
-use qwen_bpf::{Error, KernelTokenizer, Tokenizer};
+use qwen_bpf::{Error, KernelTokenizer, ModelOptions, Tokenizer};
 
 const QWEN3: &str = "/work/shared/qwen3-tokenizer/tokenizer.json";
 
@@ -291,4 +292,38 @@ fn verifier_instructions_of_the_tokenizer_program() {
         *n > 0 && *n <= 500_000,
         "tokenize_text: {n} processed instructions"
     );
+}
+
+#[test]
+fn a_models_arena_tokenizes_with_the_same_program() {
+    let dir = common::tiny_model_with_tokenizer("tokenize-kernel");
+    let tok = Tokenizer::from_model_dir(&dir).unwrap();
+    let mut m = common::open(
+        &dir,
+        ModelOptions::default()
+            .with_max_context(16)
+            .with_cache_dir(dir.join("cache")),
+    );
+    assert!(
+        matches!(m.tokenize_in_kernel("x"), Err(Error::Invalid(_))),
+        "no tables loaded yet"
+    );
+    m.load_tokenizer(&tok).unwrap();
+    assert!(m.load_tokenizer(&tok).is_err(), "loaded twice");
+    eprintln!(
+        "tables: {} bytes; reserved in the model's arena: {} bytes",
+        tables().words.len() * 4,
+        m.kernel_memory().tokenizer
+    );
+    let corpus: Vec<String> = tok_corpus::corpus().into_iter().step_by(20).collect();
+    for s in &corpus {
+        assert_eq!(
+            m.tokenize_in_kernel(s).unwrap(),
+            tok.encode(s).unwrap(),
+            "{s:?}"
+        );
+    }
+    // and the model still runs after it
+    let ids = m.tokenize_in_kernel("Hello").unwrap();
+    assert!(m.forward(ids[0]).is_ok());
 }

@@ -29,6 +29,14 @@ pub struct TokRegions {
     out: Region,
 }
 
+/// The arena bytes to reserve for the tables of a tokenizer with a vocabulary of `vocab` ids
+/// and its buffers: the code-point tables (about 1.5 MiB, 4 MiB here), the merge table (at most
+/// 64 bytes per id: 16-byte slots, a power of two at least twice the merges, fewer merges than
+/// ids), the added tokens (1 MiB at most) and the buffers.
+pub fn reserve_bytes(vocab: usize) -> usize {
+    (4 << 20) + 64 * vocab + (1 << 20) + TokRegions::arena_bytes(0)
+}
+
 impl TokRegions {
     /// The arena bytes tables of `words` words need with the work area and buffers.
     pub fn arena_bytes(words: usize) -> usize {
