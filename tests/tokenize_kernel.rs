@@ -327,3 +327,41 @@ fn a_models_arena_tokenizes_with_the_same_program() {
     let ids = m.tokenize_in_kernel("Hello").unwrap();
     assert!(m.forward(ids[0]).is_ok());
 }
+
+#[test]
+fn the_tokenize_example_prints_the_same_ids_both_ways() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let input = "Hello, world!\n\n<|im_start|>user\nnaïve café 's\n  trailing  \n東京 😀 123\n";
+    let run = |kernel: bool| {
+        let mut cmd = Command::new(common::example_bin("tokenize"));
+        cmd.args(["--tokenizer", QWEN3]);
+        if kernel {
+            cmd.arg("--in-kernel");
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(o.status.success(), "tokenize example (in kernel: {kernel})");
+        String::from_utf8(o.stdout).unwrap()
+    };
+    let want: String = input
+        .lines()
+        .map(|l| {
+            let ids = tokenizer().encode(l).unwrap();
+            ids.iter().map(u32::to_string).collect::<Vec<_>>().join(" ") + "\n"
+        })
+        .collect();
+    assert_eq!(want.lines().nth(1), Some(""), "an empty line stays empty");
+    assert_eq!(run(false), want);
+    assert_eq!(run(true), want);
+}
