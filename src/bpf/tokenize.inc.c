@@ -12,7 +12,8 @@
  *   4. canonical composition (tok_compose), then each code point's regex class (tok_classify);
  *   5. Qwen's split regex as a state machine: the end of the piece at i (tok_piece_end);
  *   6. byte-level BPE of each piece: the lowest-ranked adjacent pair merged, leftmost on ties,
- *      until none is left (tok_bpe, one merge per tok_bpe_round).
+ *      until none is left (tok_bpe; tok_bpe_round merges the lowest rank's pairs left to right
+ *      while no merge makes a lower rank: the same merges in the same order).
  * Every stage is a global function (verified on its own) whose loops are open-coded iterators
  * (bpf_for: the verifier widens their counters, so a loop is checked once whatever state it
  * carries) bounded by limits.h's LIM_TOK_*; a limit exceeded is a negative TOK_E_* return,
@@ -469,43 +470,57 @@ __noinline u64 tok_merge_pair(u32 l, u32 r)
 	return found;
 }
 
-/* One merge of the n symbols: the pair of lowest rank, leftmost on ties. Returns the new count,
- * or -1 if no pair merges. */
+/* One round of merges of the n symbols: the lowest rank among the pairs, then its pairs merged
+ * left to right (the leftmost first, as one merge at a time would) until a merge makes a pair
+ * of a lower rank, which the next round takes first. Returns the new count, or -1 if no pair
+ * merges. */
 __noinline int tok_bpe_round(u32 n)
 {
 	u32 __arena *sym = tok_area(TOK_S_SYM);
 	u32 __arena *rank = tok_area(TOK_S_RANK);
 	u32 __arena *merged = tok_area(TOK_S_MERGED);
-	u32 best = TOK_NONE, at = TOK_NONE;
+	/* (a flag, not w > 0: a comparison with a constant would make w a constant again) */
+	u32 best = TOK_NONE, w = tok_opaque(0), k = tok_opaque(0), stop = 0, left = 0;
 	u64 m;
 
-	FOR(k, 0, n - 1) {
-		if (rank[k] < best) {
-			best = rank[k];
-			at = k;
-		}
+	FOR(j, 0, n - 1) {
+		if (rank[j] < best)
+			best = rank[j];
 	}
-	if (at == TOK_NONE)
+	if (best == TOK_NONE)
 		return -1;
-	sym[at] = merged[at];
-	FOR(k, at + 1, n - 1) {
-		sym[k] = sym[k + 1];
-		rank[k] = rank[k + 1];
-		merged[k] = merged[k + 1];
+	/* w: symbols written, k: symbols read (one or two per step) */
+	FOR(step, 0, n) {
+		if (k >= n)
+			break;
+		if (!stop && k + 1 < n && rank[k] == best) {
+			sym[w] = merged[k];
+			if (left) {
+				m = tok_merge_pair(sym[w - 1], sym[w]);
+				rank[w - 1] = m >> 32;
+				merged[w - 1] = (u32)m;
+				if (m >> 32 < best)
+					stop = 1;
+			}
+			rank[w] = TOK_NONE;
+			if (k + 2 < n) {
+				m = tok_merge_pair(sym[w], sym[k + 2]);
+				rank[w] = m >> 32;
+				merged[w] = (u32)m;
+				if (m >> 32 < best)
+					stop = 1;
+			}
+			k += 2;
+		} else {
+			sym[w] = sym[k];
+			rank[w] = rank[k];
+			merged[w] = merged[k];
+			k++;
+		}
+		w++;
+		left = 1;
 	}
-	n--;
-	if (at > 0) {
-		m = tok_merge_pair(sym[at - 1], sym[at]);
-		rank[at - 1] = m >> 32;
-		merged[at - 1] = (u32)m;
-	}
-	rank[at] = TOK_NONE;
-	if (at + 1 < n) {
-		m = tok_merge_pair(sym[at], sym[at + 1]);
-		rank[at] = m >> 32;
-		merged[at] = (u32)m;
-	}
-	return n;
+	return w;
 }
 
 /* Stage 6 on the piece of code points [a, b): writes its ids at out[count..]; returns the new
@@ -558,7 +573,7 @@ __noinline int tok_bpe(u32 a, u32 b, u64 out, u32 count, u32 max_out)
 		rank[k] = m >> 32;
 		merged[k] = (u32)m;
 	}
-	/* at most one merge per byte */
+	/* at least one merge per round */
 	FOR(step, 0, LIM_TOK_WORD_MAX) {
 		int r = n > 1 ? tok_bpe_round(n) : -1;
 

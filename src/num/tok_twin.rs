@@ -7,7 +7,8 @@
 //! (Hangul arithmetically), (3) reordered by combining class (a stable insertion sort within each
 //! run of non-starters), (4) composed, (5) split into pieces by a state machine equal to Qwen's
 //! split regex, and (6) each piece's UTF-8 bytes are merged by byte-level BPE: repeatedly the
-//! adjacent pair of lowest merge rank, the leftmost on ties.
+//! adjacent pair of lowest merge rank, the leftmost on ties (done in rounds: each merges the
+//! pairs of the lowest rank left to right until a merge makes a pair of lower rank).
 
 use super::limits::{TOK_CP_MAX, TOK_IDS_MAX, TOK_MARKS_MAX, TOK_TEXT_MAX, TOK_WORD_MAX};
 use super::tok_tables::{
@@ -291,30 +292,36 @@ impl Tok<'_> {
         for k in 0..n0.saturating_sub(1) {
             (rank[k], merged[k]) = self.merge(sym[k], sym[k + 1]);
         }
+        // rounds: the lowest rank among the pairs, then one pass merging its pairs left to right
+        // until a merge makes a pair of a lower rank (which the next round takes first): the
+        // same merges, in the same order, as one merge per round
         let mut n = n0;
         loop {
-            let mut at = usize::MAX;
-            let mut best = NONE;
-            for (k, &r) in rank.iter().enumerate().take(n.saturating_sub(1)) {
-                if r < best {
-                    (best, at) = (r, k);
-                }
-            }
-            if at == usize::MAX {
+            let best = rank[..n.saturating_sub(1)].iter().copied().min().unwrap_or(NONE);
+            if best == NONE {
                 break;
             }
-            sym[at] = merged[at];
-            for k in at + 1..n - 1 {
-                (sym[k], rank[k], merged[k]) = (sym[k + 1], rank[k + 1], merged[k + 1]);
+            let (mut w, mut k, mut stop) = (0, 0, false);
+            while k < n {
+                if !stop && k + 1 < n && rank[k] == best {
+                    sym[w] = merged[k];
+                    if w > 0 {
+                        (rank[w - 1], merged[w - 1]) = self.merge(sym[w - 1], sym[w]);
+                        stop |= rank[w - 1] < best;
+                    }
+                    rank[w] = NONE;
+                    if k + 2 < n {
+                        (rank[w], merged[w]) = self.merge(sym[w], sym[k + 2]);
+                        stop |= rank[w] < best;
+                    }
+                    k += 2;
+                } else {
+                    (sym[w], rank[w], merged[w]) = (sym[k], rank[k], merged[k]);
+                    k += 1;
+                }
+                w += 1;
             }
-            n -= 1;
-            if at > 0 {
-                (rank[at - 1], merged[at - 1]) = self.merge(sym[at - 1], sym[at]);
-            }
-            rank[at] = NONE;
-            if at + 1 < n {
-                (rank[at], merged[at]) = self.merge(sym[at], sym[at + 1]);
-            }
+            n = w;
         }
         if out.len() + n > max_out {
             return Err(err::IDS);
