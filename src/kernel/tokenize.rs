@@ -188,7 +188,8 @@ impl KernelTokenizer {
         self.ops.tokenize(&self.regions, text)
     }
 
-    /// [`Ops::tokenize_raw`] on this tokenizer: the kernel's own answer, limits included.
+    /// The kernel's own answer on `text` with room for `max_out` ids: the ids or its negative
+    /// `TOK_E_*` code (its limits are checked by the kernel only).
     #[doc(hidden)]
     pub fn encode_raw(
         &mut self,
@@ -198,8 +199,8 @@ impl KernelTokenizer {
         self.ops.tokenize_raw(&self.regions, text, max_out)
     }
 
-    /// The verifier's processed instructions of each program of the object (see
-    /// [`Ops::verified_instructions`]).
+    /// The verifier's processed instructions of each loaded program of the BPF object, by name
+    /// (`tokenize_text` among them; the kernel refuses a program past 1,000,000).
     pub fn verified_instructions(&self) -> Result<Vec<(String, u32)>> {
         self.ops.verified_instructions()
     }
