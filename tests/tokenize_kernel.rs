@@ -184,7 +184,8 @@ fn edited(edit: impl Fn(&mut serde_json::Value)) -> Tokenizer {
 #[test]
 fn tokenizers_of_another_kind_are_refused_with_a_typed_error() {
     use serde_json::json;
-    let edits: Vec<(&str, Box<dyn Fn(&mut serde_json::Value)>)> = vec![
+    type Edit = Box<dyn Fn(&mut serde_json::Value)>;
+    let edits: Vec<(&str, Edit)> = vec![
         (
             "NFKC",
             Box::new(|j| j["normalizer"] = json!({"type": "NFKC"})),

@@ -376,7 +376,7 @@ fn code_points(
     let mut stage1 = vec![0u32; STAGE1];
     let mut stage2: Vec<u32> = Vec::new();
     let mut blocks: HashMap<Vec<u32>, u32> = HashMap::new();
-    for blk in 0..STAGE1 {
+    for (blk, slot) in stage1.iter_mut().enumerate() {
         let mut recs = vec![0u32; BLOCK];
         for (i, rec) in recs.iter_mut().enumerate() {
             let cp = (blk * BLOCK + i) as u32;
@@ -403,7 +403,7 @@ fn code_points(
             stage2.extend_from_slice(&recs);
             next
         });
-        stage1[blk] = b;
+        *slot = b;
     }
     Ok((stage1, stage2, decomp))
 }

@@ -152,9 +152,9 @@ impl Tok<'_> {
             if (S_BASE..S_BASE + S_COUNT).contains(&cp) {
                 let s = cp - S_BASE;
                 push(L_BASE + s / N_COUNT, &mut cps)?;
-                push(V_BASE + (s % N_COUNT) / T_COUNT | W_SECOND, &mut cps)?;
+                push((V_BASE + (s % N_COUNT) / T_COUNT) | W_SECOND, &mut cps)?;
                 if s % T_COUNT != 0 {
-                    push(T_BASE + s % T_COUNT | W_SECOND, &mut cps)?;
+                    push((T_BASE + s % T_COUNT) | W_SECOND, &mut cps)?;
                 }
                 continue;
             }
