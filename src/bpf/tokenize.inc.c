@@ -110,6 +110,14 @@ static __always_inline u32 tok_opaque(u32 v)
 	return *(volatile u32 __arena *)slot;
 }
 
+/* for (u32 i = start; i < end; i++) as a may_goto loop (common.h's can_loop: a decrement and a
+ * branch per iteration, where bpf_for calls a kfunc) for the hot loops: the probes of the hash
+ * tables, the per-code-point passes, BPE's rounds. Each runs in a global function of its own,
+ * at most LIM_TOK_CP_MAX (or a table's slots, < 2^20) iterations per call, far below can_loop's
+ * budget per call. The counter starts opaque (tok_opaque) so that the verifier's states
+ * converge. */
+#define TOK_LOOP(i, start, end) for (u32 i = tok_opaque(start); i < (end) && can_loop; i++)
+
 /* A code point's record. */
 static __always_inline u32 tok_record(const u32 __arena *w, u32 cp)
 {
@@ -318,7 +326,7 @@ __noinline u32 tok_compose_pair(u32 a, u32 b)
 		return a + (b - TOK_T_BASE);
 	u32 comp = 0;
 
-	FOR(k, 0, mask + 1) {
+	TOK_LOOP(k, 0, mask + 1) {
 		const u32 __arena *e = w + w[TOK_H_COMP] + i * 4;
 
 		if (!e[0])
@@ -368,7 +376,7 @@ __noinline int tok_classify(u32 n)
 	const u32 __arena *w = tok_words();
 	u32 __arena *cps = tok_area(TOK_S_CPS);
 
-	FOR(i, 0, n) {
+	TOK_LOOP(i, 0, n) {
 		u32 cp = cps[i] & TOK_CP_MASK;
 
 		cps[i] = cp | (tok_record(w, cp) & 0xf) << 24;
@@ -384,7 +392,7 @@ __noinline u32 tok_run(u32 k, u32 n, u32 set)
 	const u32 __arena *cps = tok_area(TOK_S_CPS);
 	u32 end = n;
 
-	FOR(j, k, n) {
+	TOK_LOOP(j, k, n) {
 		if (!(set >> (cps[j] >> 24) & 1)) {
 			end = j;
 			break;
@@ -456,7 +464,7 @@ __noinline u64 tok_merge_pair(u32 l, u32 r)
 
 	u64 found = (u64)TOK_NONE << 32;
 
-	FOR(k, 0, mask + 1) {
+	TOK_LOOP(k, 0, mask + 1) {
 		const u32 __arena *e = w + w[TOK_H_MERGE] + i * 4;
 
 		if (!e[0])
@@ -483,7 +491,7 @@ __noinline int tok_bpe_round(u32 n)
 	u32 best = TOK_NONE, w = tok_opaque(0), k = tok_opaque(0), stop = 0, left = 0;
 	u64 m;
 
-	FOR(j, 0, n - 1) {
+	TOK_LOOP(j, 0, n - 1) {
 		if (rank[j] < best)
 			best = rank[j];
 	}
