@@ -183,7 +183,7 @@ __noinline u64 tok_find_added(u64 text, u32 pos, u32 len)
 	u32 first = w[TOK_H_ADDED_FIRST];
 	u64 found = len;
 
-	FOR(p, pos, len) {
+	TOK_LOOP(p, pos, len) {
 		int k;
 
 		if (!(w[first + t[p]] >> 16))
@@ -216,7 +216,7 @@ __noinline int tok_decompose(u64 text, u32 start, u32 end)
 	} while (0)
 
 	/* at least a byte per step */
-	FOR(step, start, end) {
+	TOK_LOOP(step, start, end) {
 		u32 b0 = t[p], cp, len, min, rec, d;
 
 		if (p >= end)
@@ -298,7 +298,7 @@ __noinline int tok_reorder(u32 n)
 	u32 __arena *cps = tok_area(TOK_S_CPS);
 	u32 run = tok_opaque(0);
 
-	FOR(i, 0, n) {
+	TOK_LOOP(i, 0, n) {
 		u32 c = cps[i] >> 24;
 
 		if (!c) {
@@ -348,7 +348,7 @@ __noinline int tok_compose(u32 n)
 	u32 __arena *cps = tok_area(TOK_S_CPS);
 	u32 w = tok_opaque(0), starter = TOK_NONE, last = 0x100;
 
-	FOR(r, 0, n) {
+	TOK_LOOP(r, 0, n) {
 		u32 x = cps[r], c = x >> 24;
 
 		if (starter != TOK_NONE && (last == 0x100 || last < c) && (x & TOK_W_SECOND)) {
@@ -498,7 +498,7 @@ __noinline int tok_bpe_round(u32 n)
 	if (best == TOK_NONE)
 		return -1;
 	/* w: symbols written, k: symbols read (one or two per step) */
-	FOR(step, 0, n) {
+	TOK_LOOP(step, 0, n) {
 		if (k >= n)
 			break;
 		if (!stop && k + 1 < n && rank[k] == best) {
@@ -546,7 +546,7 @@ __noinline int tok_bpe(u32 a, u32 b, u64 out, u32 count, u32 max_out)
 	u64 m;
 
 	/* the piece's UTF-8 bytes */
-	FOR(i, a, b) {
+	TOK_LOOP(i, a, b) {
 		u32 cp = cps[i] & TOK_CP_MASK;
 		u32 len = cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4;
 
@@ -570,13 +570,13 @@ __noinline int tok_bpe(u32 a, u32 b, u64 out, u32 count, u32 max_out)
 		nb += len;
 	}
 	/* one symbol per byte (a byte outside the vocabulary is dropped, as without an unk token) */
-	FOR(k, 0, nb) {
+	TOK_LOOP(k, 0, nb) {
 		u32 id = w[w[TOK_H_BYTE_ID] + word[k]];
 
 		if (id != TOK_NONE)
 			sym[n++] = id;
 	}
-	FOR(k, 0, n - (n > 0)) {
+	TOK_LOOP(k, 0, n - (n > 0)) {
 		m = tok_merge_pair(sym[k], sym[k + 1]);
 		rank[k] = m >> 32;
 		merged[k] = (u32)m;
@@ -591,7 +591,7 @@ __noinline int tok_bpe(u32 a, u32 b, u64 out, u32 count, u32 max_out)
 	}
 	if (n > max_out - count)
 		return TOK_E_IDS;
-	FOR(k, 0, n)
+	TOK_LOOP(k, 0, n)
 		o[count + k] = sym[k];
 	return count + n;
 }
