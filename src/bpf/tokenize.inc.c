@@ -14,10 +14,10 @@
  *   6. byte-level BPE of each piece: the lowest-ranked adjacent pair merged, leftmost on ties,
  *      until none is left (tok_bpe; tok_bpe_round merges the lowest rank's pairs left to right
  *      while no merge makes a lower rank: the same merges in the same order).
- * Every stage is a global function (verified on its own) whose loops are open-coded iterators
- * (bpf_for: the verifier widens their counters, so a loop is checked once whatever state it
- * carries) bounded by limits.h's LIM_TOK_*; a limit exceeded is a negative TOK_E_* return,
- * never a truncation. The tables and a work area are in the arena:
+ * Every stage is a global function (verified on its own) whose loops are bounded by limits.h's
+ * LIM_TOK_*: the outer ones open-coded iterators (bpf_for, whose counters the verifier widens),
+ * the hot ones may_goto loops (TOK_LOOP). A limit exceeded is a negative TOK_E_* return, never
+ * a truncation. The tables and a work area are in the arena:
  * tok_cfg says where (the tokenize_text program sets it from its ctx; a bpf_wq callback that
  * tokenizes sets it the same way). One tokenize runs at a time per work area. */
 #pragma once
