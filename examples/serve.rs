@@ -175,6 +175,7 @@ fn install(a: InstallArgs) -> Result<()> {
     };
     let mut model = Model::open(&a.model, &options)?;
     model.load_vocabulary(&tok)?;
+    model.load_tokenizer(&tok)?;
     let memory = model.kernel_memory().total();
     let sources = if a.sources.is_empty() {
         vec![Ipv4Addr::LOCALHOST]

@@ -80,6 +80,7 @@ pub use hf::config::{Config, RopeParameters};
 pub use hf::default_model::{default_model_dir, ensure_default_model, TOKENIZER_ENV};
 pub use hf::tokenizer::{TextStream, Tokenizer};
 pub use kernel::pins::XdpMode;
+pub use kernel::tokenize::KernelTokenizer;
 pub use model::kv::saved_position;
 pub use model::{KernelMemory, Model, ModelOptions};
 pub use run::event::{request_datagram, Event, EventConfig, EventCounters, EventServer, Refusal};

@@ -5,8 +5,9 @@
 //! by tests/ops_twins.rs and tests/limits.rs through the `formats` program.)
 
 use qwen_bpf::kernel::ops::Ops;
+use qwen_bpf::kernel::tokenize;
 use qwen_bpf::kernel::{plan, ring};
-use qwen_bpf::num::{kv8, sample, swar};
+use qwen_bpf::num::{kv8, sample, swar, tok_tables, tok_twin};
 use qwen_bpf::run::{event, in_kernel, wire};
 
 #[test]
@@ -78,6 +79,53 @@ fn every_constant_shared_by_c_and_rust_is_the_same_on_both_sides() {
             "sizeof(struct plan_slot) vs plan::Slot",
             c.slot_bytes as i64,
             std::mem::size_of::<plan::Slot>() as i64,
+        ),
+        (
+            "TOK_MAGIC vs tok_tables::MAGIC",
+            c.tok_magic as i64,
+            tok_tables::MAGIC as i64,
+        ),
+        (
+            "TOK_SCRATCH_BYTES vs tokenize::SCRATCH_BYTES",
+            c.tok_scratch_bytes as i64,
+            tokenize::SCRATCH_BYTES as i64,
+        ),
+        (
+            "sizeof(struct tokenize_args) vs 48",
+            c.tok_args_bytes as i64,
+            48,
+        ),
+        (
+            "TOK_E_TEXT",
+            c.tok_e_text as i64,
+            tok_twin::err::TEXT as i64,
+        ),
+        ("TOK_E_IDS", c.tok_e_ids as i64, tok_twin::err::IDS as i64),
+        (
+            "TOK_E_UTF8",
+            c.tok_e_utf8 as i64,
+            tok_twin::err::UTF8 as i64,
+        ),
+        ("TOK_E_CPS", c.tok_e_cps as i64, tok_twin::err::CPS as i64),
+        (
+            "TOK_E_WORD",
+            c.tok_e_word as i64,
+            tok_twin::err::WORD as i64,
+        ),
+        (
+            "TOK_E_MARKS",
+            c.tok_e_marks as i64,
+            tok_twin::err::MARKS as i64,
+        ),
+        (
+            "TOK_E_TABLES",
+            c.tok_e_tables as i64,
+            tok_twin::err::TABLES as i64,
+        ),
+        (
+            "TOK_E_BUDGET",
+            c.tok_e_budget as i64,
+            tok_twin::err::BUDGET as i64,
         ),
         (
             "EV_SLOTS_MAX vs event::SLOTS_MAX",

@@ -81,6 +81,28 @@ fn limits_agree_between_limits_h_and_limits_rs() {
         ),
         "src/bpf/limits.h vs src/num/limits.rs"
     );
+    assert_eq!(
+        [
+            f.tok_text_max,
+            f.tok_ids_max,
+            f.tok_cp_max,
+            f.tok_word_max,
+            f.tok_marks_max,
+            f.tok_added_max,
+            f.tok_added_len,
+        ]
+        .map(|v| v as usize),
+        [
+            limits::TOK_TEXT_MAX,
+            limits::TOK_IDS_MAX,
+            limits::TOK_CP_MAX,
+            limits::TOK_WORD_MAX,
+            limits::TOK_MARKS_MAX,
+            limits::TOK_ADDED_MAX,
+            limits::TOK_ADDED_LEN,
+        ],
+        "the tokenizer's limits: src/bpf/limits.h vs src/num/limits.rs"
+    );
     // The twins' own bounds are the same table (kv8.inc.c's is checked by a _Static_assert).
     assert_eq!(qwen_bpf::num::swar::K_MAX, limits::COLS_MAX);
     assert_eq!(qwen_bpf::num::swar::GROUP, limits::SWAR_COLS_ALIGN);

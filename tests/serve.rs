@@ -75,7 +75,21 @@ fn installed_by_a_process_that_exited_it_answers_with_the_per_operator_text_unti
     let arena = installed.status().unwrap().arena_map_id;
     assert!(map_exists(arena));
     let client = Client::new("127.0.0.1:0", (Ipv4Addr::LOCALHOST, port).into());
-    let (text, fin) = client.generate(7, max_new as u32, &prompt);
+    // the request is text: the kernel tokenizes it (the reference's prompt is the tokenizers
+    // crate's ids for it)
+    let r = client.ask(&wire::text_request(
+        7,
+        max_new as u32,
+        0,
+        wire::GREEDY,
+        b"The old lighthouse keeper climbed",
+    ));
+    assert_eq!(
+        (wire::word(&r, 1), wire::word(&r, 2)),
+        (wire::ACCEPTED, 7),
+        "ACCEPTED 7"
+    );
+    let (text, fin) = client.poll_to_end(7);
     assert_eq!(
         String::from_utf8(text).unwrap(),
         want,
@@ -140,6 +154,7 @@ fn refusals_are_answered_with_their_reason_and_counted_and_others_pass_untouched
     // a second model under the same name is refused
     let mut again = Model::open(&dir, &options(&dir, 1, CTX)).unwrap();
     again.load_vocabulary(&tok).unwrap();
+    again.load_tokenizer(&tok).unwrap();
     assert!(matches!(
         again.install(name, &cfg),
         Err(Error::AlreadyInstalled { .. })

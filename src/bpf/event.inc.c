@@ -72,6 +72,8 @@
 #define EV_FIN_CONTEXT 3          /* the context is full */
 #define EV_FIN_LENGTH 4           /* the slot's text buffer is full */
 #define EV_FIN_ERROR 5            /* the kernel failed it (detail: the error code) */
+#define EV_FIN_PROMPT 6           /* a text did not become a prompt (detail: TOK_E_*, or 0: empty) */
+#define GEN_PROMPT 0x100          /* the slot's finish for EV_FIN_PROMPT (no GEN_* status) */
 
 /* ev_config.flags */
 #define EV_F_RING 1  /* ring-buffer records for a reader (Model::serve_events) */
@@ -89,6 +91,8 @@ struct ev_config {
 	u32 n_slots;     /* request slots (contexts), <= EV_SLOTS_MAX */
 	u32 flags;       /* EV_F_* */
 	u64 timeout_ns;  /* EV_F_REPLY: a slot whose client has not polled this long is given back */
+	u64 tok_text;    /* u8 [LIM_TOK_TEXT_MAX] (arena): a text request's text, for tokenize (whose
+			  * tables and work area tok_cfg names); 0: no tokenizer, text requests refused */
 };
 struct ev_config ev_cfg;
 
@@ -98,6 +102,8 @@ u64 ev_accepted, ev_refused_busy, ev_refused_invalid, ev_done;
  * (answered ACCEPTED again, not started again), tokens generated, slots given back after the
  * timeout, replies that could not be built (the frame could not be resized). */
 u64 ev_refusals[EV_REASONS], ev_polls, ev_repeats, ev_tokens, ev_reclaimed, ev_reply_failed;
+/* 1 while a worker uses the tokenizer's text buffer and work area (one text at a time) */
+u32 ev_tok_busy;
 
 /* Each slot's generation before a request: its context's plan, prompt and KV (user space). */
 struct gen_args ev_template[EV_SLOTS_MAX];
@@ -130,7 +136,7 @@ struct ev_slot {
 	u32 is_text;
 	u32 text_flags;         /* EV_TF_* */
 	u32 n_text;
-	u32 pad;
+	s32 tok_result;         /* once tokenized: the prompt's tokens, or TOK_E_* */
 	u8 text_in[EV_TEXT_IN_MAX];
 };
 
@@ -222,6 +228,52 @@ static __noinline void ev_count_prompt(struct gen_args *a)
 			c[p[i]] += 1;
 }
 
+/* A generation is over with `finish` (GEN_*, GEN_PROMPT or a negative plan error): counted, its
+ * record (EV_F_RING), its outcome kept for polls (EV_F_REPLY) or the slot freed. */
+static __noinline void ev_end(struct ev_slot *s, int finish)
+{
+	/* counted before the record: a reader that saw the record sees the count. pos carries the
+	 * last token generated: the stop token when it stopped */
+	__sync_fetch_and_add(&ev_done, 1);
+	if (ev_cfg.flags & EV_F_RING)
+		ev_record(REC_DONE, (u32)finish, s->args.request, s->args.next);
+	if (ev_cfg.flags & EV_F_REPLY) {
+		/* the outcome before the state (an exchange: a full barrier) */
+		s->finish = finish;
+		__sync_lock_test_and_set(&s->state, EV_DONE);
+	} else {
+		__sync_lock_test_and_set(&s->state, EV_FREE);
+	}
+}
+
+/* The chat template around a text request's text (Tokenizer::chat_prompt in Rust). */
+static const char ev_chat_head[] = "<|im_start|>user\n";
+static const char ev_chat_tail[] = "<|im_end|>\n<|im_start|>assistant\n";
+
+/* A text request's prompt: its text (in the chat template when asked) copied to the
+ * tokenizer's text buffer and tokenized into the slot's prompt. The count of tokens, 0 when
+ * none, or TOK_E_* (TOK_E_IDS: more than the prompt may hold). */
+static __noinline int ev_tokenize(struct ev_slot *s)
+{
+	u8 __arena *t = ARENA_PTR(u8, ev_cfg.tok_text);
+	u32 n = 0, len = s->n_text, chat = s->text_flags & EV_TF_CHAT;
+
+	if (!ev_cfg.tok_text)
+		return TOK_E_TABLES;
+	if (chat)
+		for (u32 i = 0; i < sizeof(ev_chat_head) - 1; i++)
+			t[n++] = ev_chat_head[i];
+	FOR(i, 0, len)
+		t[n + i] = s->text_in[i & (EV_TEXT_IN_MAX - 1)];
+	n += len < EV_TEXT_IN_MAX ? len : EV_TEXT_IN_MAX;
+	if (chat)
+		for (u32 i = 0; i < sizeof(ev_chat_tail) - 1; i++)
+			t[n + i] = ev_chat_tail[i];
+	if (chat)
+		n += sizeof(ev_chat_tail) - 1;
+	return tokenize(ev_cfg.tok_text, n, s->args.prompt, ev_cfg.max_prompt);
+}
+
 /* The workqueue callback: one round of the slot's generation. */
 static int ev_work(void *map, int *key, void *value)
 {
@@ -230,10 +282,25 @@ static int ev_work(void *map, int *key, void *value)
 	int r;
 
 	USE_ARENA(arena);
+	if (!s->started && s->is_text) {
+		/* one text at a time in the tokenizer's buffers: later, if another slot has them */
+		if (__sync_val_compare_and_swap(&ev_tok_busy, 0, 1) != 0) {
+			bpf_wq_start(&s->wq, 0);
+			return 0;
+		}
+		r = ev_tokenize(s);
+		__sync_lock_test_and_set(&ev_tok_busy, 0);
+		s->tok_result = r;
+		if (r <= 0) {
+			ev_end(s, GEN_PROMPT);
+			return 0;
+		}
+		s->args.n_prompt = r;
+	}
 	if (!s->started) {
 		u32 __arena *p = ARENA_PTR(u32, s->args.prompt);
 
-		for (u32 i = 0; i < s->args.n_prompt && i < EV_PROMPT_MAX; i++)
+		for (u32 i = 0; i < s->args.n_prompt && i < EV_PROMPT_MAX && !s->is_text; i++)
 			p[i] = s->prompt[i];
 		if (s->args.sampling && s->args.sample.counts)
 			ev_count_prompt(&s->args);
@@ -254,18 +321,7 @@ static int ev_work(void *map, int *key, void *value)
 		bpf_wq_start(&s->wq, 0);
 		return 0;
 	}
-	/* counted before the record: a reader that saw the record sees the count. pos carries the
-	 * last token generated: the stop token when it stopped */
-	__sync_fetch_and_add(&ev_done, 1);
-	if (ev_cfg.flags & EV_F_RING)
-		ev_record(REC_DONE, r ? (u32)r : (u32)s->args.status, s->args.request, s->args.next);
-	if (ev_cfg.flags & EV_F_REPLY) {
-		/* the outcome before the state (an exchange: a full barrier) */
-		s->finish = r ? r : s->args.status;
-		__sync_lock_test_and_set(&s->state, EV_DONE);
-	} else {
-		__sync_lock_test_and_set(&s->state, EV_FREE);
-	}
+	ev_end(s, r ? r : s->args.status);
 	return 0;
 }
 
@@ -454,6 +510,10 @@ static __always_inline void ev_finish(struct ev_slot *s, u32 *finish, u32 *detai
 		break;
 	case GEN_LENGTH:
 		*finish = EV_FIN_LENGTH;
+		break;
+	case GEN_PROMPT:
+		*finish = EV_FIN_PROMPT;
+		*detail = (u32)s->tok_result;
 		break;
 	default:
 		*finish = EV_FIN_ERROR;
@@ -701,6 +761,8 @@ static __noinline int ev_text_request(struct xdp_md *ctx, const u8 *hdr, u32 src
 		return ev_refuse(EV_R_LIMIT, h->request);
 	if (n == 0 && !(h->flags & EV_TF_CHAT)) /* nothing to generate from */
 		return ev_refuse(EV_R_LIMIT, h->request);
+	if (!ev_cfg.tok_text) /* no tokenizer in this model's arena (Model::load_tokenizer) */
+		return ev_refuse(EV_R_MALFORMED, h->request);
 	asm volatile("" : "+r"(n));
 	if (n >= 1 && n <= EV_TEXT_IN_MAX &&
 	    bpf_xdp_load_bytes(ctx, EV_HDR + sizeof(*h), st->text, n))

@@ -22,3 +22,12 @@
 #define LIM_SAMPLE_REP_MIN 656     /* repetition penalty, Q16: 0.01 ... */
 #define LIM_SAMPLE_REP_MAX (100 << 16) /* ... 100 */
 #define LIM_SAMPLE_PEN_MAX (64 << 16)  /* |presence|, |frequency| penalty, Q16: 64 */
+
+/* The in-kernel tokenizer (tokenize.inc.c, src/num/tok_twin.rs): every loop is bounded by these. */
+#define LIM_TOK_TEXT_MAX 65536  /* text bytes of one tokenize call */
+#define LIM_TOK_IDS_MAX 65536   /* ids one call may write (max_out is at most this) */
+#define LIM_TOK_CP_MAX 131072   /* code points of one segment after canonical decomposition */
+#define LIM_TOK_WORD_MAX 8192   /* bytes of one pre-tokenized piece (BPE's word) */
+#define LIM_TOK_MARKS_MAX 4096  /* non-starters in a row (canonical reordering's insertion sort) */
+#define LIM_TOK_ADDED_MAX 4096  /* added tokens */
+#define LIM_TOK_ADDED_LEN 256   /* bytes of one added token */

@@ -9,6 +9,8 @@
  *
  * One object, one arena: the operators below, then seven fragments (*.inc.c, not compiled on
  * their own) joined at the end in this order, each using what the ones before it define:
+ *   tokenize.inc.c  the Qwen3 tokenizer: text -> ids (this file's arena; first, so that the
+ *                   event path below can tokenize a request's text)
  *   swar.inc.c      the low-bit SWAR kernels (fixed.h's helpers, this file's arena)
  *   argmax.inc.c    the screened LM-head argmax (calls the exact heads above and swar's)
  *   kv8.inc.c       int8 KV-cache attention (the attention helpers above)
@@ -32,7 +34,9 @@ struct formats_args {
 	u32 cols_max, q24_cols_align, swar_cols_align, w4_rows_align, w8_rows_align, norm_max;
 	u32 head_dim_max, batch_max;
 	u32 vocab_max, sample_buckets, sample_temp_min, sample_temp_max, sample_rep_min;
-	u32 sample_rep_max, sample_pen_max, pad2;
+	u32 sample_rep_max, sample_pen_max;
+	u32 tok_text_max, tok_ids_max, tok_cp_max, tok_word_max, tok_marks_max, tok_added_max;
+	u32 tok_added_len, pad2;
 };
 
 /* Reports fixed.h's and limits.h's constants, so that a test can compare them with src/fixed.rs
@@ -67,6 +71,13 @@ int formats(struct formats_args *a)
 	a->sample_rep_min = LIM_SAMPLE_REP_MIN;
 	a->sample_rep_max = LIM_SAMPLE_REP_MAX;
 	a->sample_pen_max = LIM_SAMPLE_PEN_MAX;
+	a->tok_text_max = LIM_TOK_TEXT_MAX;
+	a->tok_ids_max = LIM_TOK_IDS_MAX;
+	a->tok_cp_max = LIM_TOK_CP_MAX;
+	a->tok_word_max = LIM_TOK_WORD_MAX;
+	a->tok_marks_max = LIM_TOK_MARKS_MAX;
+	a->tok_added_max = LIM_TOK_ADDED_MAX;
+	a->tok_added_len = LIM_TOK_ADDED_LEN;
 	return 0;
 }
 
@@ -690,6 +701,9 @@ OP(attention, struct attention_args)
 	return 0;
 }
 
+/* ------------------------------------------------------------------ the tokenizer */
+#include "tokenize.inc.c"
+
 /* ------------------------------------------------------------------ low-bit SWAR kernels */
 #include "swar.inc.c"
 
@@ -733,6 +747,9 @@ struct constants_args {
 	u32 slot_bytes;
 	u32 sample_one, sample_params_bytes, sample_args_bytes;
 	s32 sample_e_param, sample_e_loop;
+	u32 tok_magic, tok_scratch_bytes, tok_args_bytes;
+	s32 tok_e_text, tok_e_ids, tok_e_utf8, tok_e_cps, tok_e_word, tok_e_marks, tok_e_tables;
+	s32 tok_e_budget;
 	char op_names[256]; /* PLAN_OP_NAMES, NUL-terminated */
 };
 
@@ -796,6 +813,17 @@ int constants(struct constants_args *a)
 	a->sample_args_bytes = sizeof(struct qb_sample_args);
 	a->sample_e_param = SAMPLE_E_PARAM;
 	a->sample_e_loop = SAMPLE_E_LOOP;
+	a->tok_magic = TOK_MAGIC;
+	a->tok_scratch_bytes = TOK_SCRATCH_BYTES;
+	a->tok_args_bytes = sizeof(struct tokenize_args);
+	a->tok_e_text = TOK_E_TEXT;
+	a->tok_e_ids = TOK_E_IDS;
+	a->tok_e_utf8 = TOK_E_UTF8;
+	a->tok_e_cps = TOK_E_CPS;
+	a->tok_e_word = TOK_E_WORD;
+	a->tok_e_marks = TOK_E_MARKS;
+	a->tok_e_tables = TOK_E_TABLES;
+	a->tok_e_budget = TOK_E_BUDGET;
 	for (u32 i = 0; i < sizeof(plan_op_names); i++)
 		a->op_names[i] = plan_op_names[i];
 	return 0;

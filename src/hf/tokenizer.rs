@@ -53,6 +53,11 @@ impl Tokenizer {
         Self::from_file(dir.as_ref().join("tokenizer.json"))
     }
 
+    /// The `tokenizers` crate's tokenizer inside (for the in-kernel tokenizer's tables).
+    pub(crate) fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+
     /// The `tokenizer.json` this tokenizer was loaded from.
     pub fn path(&self) -> &Path {
         &self.path

@@ -36,6 +36,7 @@ mod skel;
 pub mod swar_ops;
 pub mod syscalls;
 mod threads;
+pub mod tokenize;
 
 use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsRawFd, BorrowedFd};

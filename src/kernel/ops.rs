@@ -30,6 +30,8 @@ pub(crate) use skel::types::gen_args as GenArgs;
 pub use skel::types::qb_sample_args as SampleArgs;
 /// The ctx of the `run_plan` program (`struct run_plan_args`).
 pub(crate) use skel::types::run_plan_args as RunPlanArgs;
+/// The ctx of the `tokenize_text` program (`struct tokenize_args`).
+pub(crate) use skel::types::tokenize_args as TokenizeArgs;
 use skel::{OpsSkel, OpsSkelBuilder};
 
 /// The loaded operator programs and their arena. Dropping it unloads the programs and frees the

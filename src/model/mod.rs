@@ -62,6 +62,10 @@ pub struct Model {
     pub(crate) fallbacks: u64,
     /// Whether [`Model::load_vocabulary`] put the tokens' text in the arena.
     pub(crate) vocab_loaded: bool,
+    /// The arena space reserved for the in-kernel tokenizer, and where its tables are once
+    /// [`Model::load_tokenizer`] has put them there.
+    pub(crate) tok_space: crate::kernel::arena::Region,
+    pub(crate) tok: Option<crate::kernel::tokenize::TokRegions>,
     /// The contexts of [`ModelOptions::event_slots`]: buffers and their one-thread plan.
     pub(crate) events: Vec<(Buffers, std::sync::Arc<Plan>)>,
     /// Whether the event path's workqueue items have been initialised.

@@ -173,6 +173,7 @@ impl Model {
             kv_committed: 0,
             scratch,
             head_screen: store.screen_bytes(),
+            tokenizer: crate::kernel::tokenize::reserve_bytes(cfg.vocab_size),
         };
         // Again with the store's exact weight bytes (the estimate above covers only q24).
         check_arena(weights, kv, scratch, opts.max_context)?;
@@ -191,6 +192,8 @@ impl Model {
         let events = (0..opts.event_slots)
             .map(|_| Buffers::alloc(&mut ops.arena, &event_shape, &key_shifts))
             .collect::<Result<Vec<_>>>()?;
+        // address space only: load_tokenizer commits what the tables need
+        let tok_space = ops.arena.reserve(memory.tokenizer, "tokenizer tables")?;
         Ok(Model {
             identity,
             logits: vec![0.0; cfg.vocab_size],
@@ -208,6 +211,8 @@ impl Model {
             dispatch,
             fallbacks: 0,
             vocab_loaded: false,
+            tok_space,
+            tok: None,
             events: Vec::new(),
             events_ready: false,
         })

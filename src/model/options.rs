@@ -132,11 +132,14 @@ pub struct KernelMemory {
     /// The LM-head screen of [`ModelOptions::screened_head`] (low-bit head copy, scales, per-row
     /// norms, screen logits): part of `weights`.
     pub head_screen: usize,
+    /// Arena address space reserved for the in-kernel tokenizer's tables and buffers
+    /// ([`crate::Model::load_tokenizer`]); committed only when they are loaded.
+    pub tokenizer: usize,
 }
 
 impl KernelMemory {
     /// The whole arena, as reserved.
     pub fn total(&self) -> usize {
-        self.weights + self.kv_cache + self.scratch
+        self.weights + self.kv_cache + self.scratch + self.tokenizer
     }
 }

@@ -210,3 +210,19 @@ mod tests {
         }
     }
 }
+
+/// Text bytes of one in-kernel tokenize call. `LIM_TOK_TEXT_MAX`.
+pub const TOK_TEXT_MAX: usize = 65536;
+/// Ids one in-kernel tokenize call may write. `LIM_TOK_IDS_MAX`.
+pub const TOK_IDS_MAX: usize = 65536;
+/// Code points of one segment (text between added tokens) after canonical decomposition.
+/// `LIM_TOK_CP_MAX`.
+pub const TOK_CP_MAX: usize = 131072;
+/// Bytes of one pre-tokenized piece, the word BPE merges. `LIM_TOK_WORD_MAX`.
+pub const TOK_WORD_MAX: usize = 8192;
+/// Non-starters (combining marks) in a row, which canonical reordering sorts. `LIM_TOK_MARKS_MAX`.
+pub const TOK_MARKS_MAX: usize = 4096;
+/// Added tokens of a tokenizer. `LIM_TOK_ADDED_MAX`.
+pub const TOK_ADDED_MAX: usize = 4096;
+/// Bytes of one added token. `LIM_TOK_ADDED_LEN`.
+pub const TOK_ADDED_LEN: usize = 256;

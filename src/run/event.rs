@@ -407,6 +407,11 @@ impl Model {
         for (s, a) in sources.iter_mut().zip(&cfg.sources) {
             *s = u32::from_ne_bytes(a.octets());
         }
+        // text requests: the tokenizer's tables, when Model::load_tokenizer put them there
+        let tok_text = match self.tok {
+            Some(r) => self.ops.point_tokenizer(&r)?,
+            None => 0,
+        };
         let ev = crate::kernel::ops::EventCfg {
             port: cfg.port as u32,
             ifindex: cfg.ifindex,
@@ -417,6 +422,7 @@ impl Model {
             max_prompt: PROMPT_MAX.min(self.max_context) as u32,
             n_slots: self.events.len() as u32,
             flags,
+            tok_text,
             ..Default::default()
         };
         Ok((ev, templates))

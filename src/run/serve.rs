@@ -103,13 +103,18 @@ impl Model {
     /// [`Installed::remove`].
     ///
     /// Needs [`ModelOptions::event_slots`](crate::ModelOptions::event_slots) > 0 and
-    /// [`Model::load_vocabulary`] (replies carry text). Errors: [`Error::AlreadyInstalled`] for
+    /// [`Model::load_vocabulary`] (replies carry text) and [`Model::load_tokenizer`] (requests do). Errors: [`Error::AlreadyInstalled`] for
     /// a name in use, [`Error::Bpffs`] when the BPF filesystem is missing and cannot be mounted.
     pub fn install(mut self, name: &str, cfg: &InstallConfig) -> Result<Installed> {
         check_name(name)?;
         if !self.vocab_loaded {
             return Err(Error::Invalid(
                 "an installed model replies with text: call Model::load_vocabulary first".into(),
+            ));
+        }
+        if self.tok.is_none() {
+            return Err(Error::Invalid(
+                "an installed model takes text: call Model::load_tokenizer first".into(),
             ));
         }
         if cfg.sources.is_empty() || cfg.sources.len() > SOURCES_MAX {

@@ -226,5 +226,6 @@ pub fn install_in_process(dir: &Path, name: &str, slots: usize, ctx: usize, cfg:
     let tok = Tokenizer::from_model_dir(dir).unwrap();
     let mut m = Model::open(dir, &options(dir, slots, ctx)).unwrap();
     m.load_vocabulary(&tok).unwrap();
+    m.load_tokenizer(&tok).unwrap();
     m.install(name, cfg).unwrap();
 }
