@@ -1,6 +1,7 @@
 //! An installed model under abuse: 100,000 random and mutated datagrams (truncated headers,
 //! lengths past the packet, huge `max_new`, polls for unknown ids and from another port, random
-//! bytes, bit flips of valid requests), 1,000 requests among them abandoned ones and bursts past
+//! bytes, bit flips of valid requests, text requests with invalid UTF-8, too long or with
+//! sampling past its limits), 1,000 requests among them abandoned ones and bursts past
 //! the slots. Every datagram is answered, nothing is answered to the wrong sender, no slot stays
 //! stuck, the kernel's memory and BPF objects are what they were, and the server answers a
 //! request correctly afterwards.
@@ -20,6 +21,8 @@ use common::Rng;
 use qwen_bpf::{InstallConfig, Installed, Refusal, Tokenizer};
 
 const VOCAB: u32 = 151_936;
+/// Datagrams sent before their replies are read.
+const BURST: u64 = 16;
 
 /// The installation's BPF objects: every program that uses its arena (map `arena`), by id, with
 /// the ids of the maps each uses. (Objects of other processes come and go: not these.)
@@ -58,7 +61,7 @@ fn mutant(rng: &mut Rng, victim: u32) -> Vec<u8> {
         1 + rng.next() as u32 % 8,
         &[785, 3974, 13876][..1 + rng.next() as usize % 3],
     );
-    match rng.next() % 10 {
+    match rng.next() % 13 {
         // truncated headers, down to nothing
         0 => valid[..rng.next() as usize % 16].to_vec(),
         // n past the packet
@@ -89,6 +92,40 @@ fn mutant(rng: &mut Rng, victim: u32) -> Vec<u8> {
             }
             d
         }
+        // text requests: invalid UTF-8, too long, a huge max_new, sampling past its limits
+        10 => {
+            let mut t: Vec<u8> = b"hello w\xc3\xb6rld".to_vec();
+            let i = rng.next() as usize % t.len();
+            t[i] = [0x80, 0xc0, 0xed, 0xf5, 0xff][rng.next() as usize % 5];
+            wire::text_request(rng.next() as u32, 4, 0, wire::GREEDY, &t)
+        }
+        11 => {
+            let n = [4097, 5000, 0][rng.next() as usize % 3];
+            let max_new = [1 << 31, 4][rng.next() as usize % 2];
+            let temp = [101 << 16, 1, 0][rng.next() as usize % 3];
+            wire::text_request(
+                rng.next() as u32,
+                max_new,
+                0,
+                [temp, 0, 0, 0, 0, 0, 0],
+                &vec![b'a'; n],
+            )
+        }
+        // bit flips of a valid text request
+        12 => {
+            let mut d = wire::text_request(
+                rng.next() as u32 % 1000 + 20_000,
+                2,
+                1,
+                wire::GREEDY,
+                "Hi there".as_bytes(),
+            );
+            for _ in 0..1 + rng.next() % 3 {
+                let i = rng.next() as usize % d.len();
+                d[i] ^= 1 << (rng.next() % 8);
+            }
+            d
+        }
         // bit flips of a valid request
         _ => {
             let mut d = valid.clone();
@@ -98,6 +135,21 @@ fn mutant(rng: &mut Rng, victim: u32) -> Vec<u8> {
             }
             d
         }
+    }
+}
+
+/// One reply to flooder `which`: a reply, and about a request of its own unless a refusal.
+fn check(which: usize, d: &[u8], own: &mut HashSet<(usize, u32)>, leaked: &mut Vec<(u32, u32)>) {
+    assert!(d.len() >= 20, "a reply of {} bytes", d.len());
+    assert_eq!(wire::word(d, 0), wire::REPLY);
+    let (kind, id) = (wire::word(d, 1), wire::word(d, 2));
+    match kind {
+        wire::ACCEPTED => {
+            own.insert((which, id));
+        }
+        wire::REFUSED => {}
+        _ if own.contains(&(which, id)) => {}
+        _ => leaked.push((kind, id)),
     }
 }
 
@@ -172,7 +224,9 @@ fn a_flood_of_100k_abusive_datagrams_and_1000_requests_leave_the_server_as_it_wa
         "bursts past the slots and abandoned requests happened"
     );
 
-    // 100,000 abusive datagrams, from two sockets, each answered before the next 64 go
+    // 100,000 abusive datagrams, from two sockets, in bursts of 16 whose replies are read before
+    // the next burst goes (a reply keeps the request's buffer: 16 replies to 5 KB requests fit
+    // a socket's default receive buffer, 64 did not)
     let flooders = [
         UdpSocket::bind("127.0.0.1:0").unwrap(),
         UdpSocket::bind("127.0.0.1:0").unwrap(),
@@ -192,9 +246,10 @@ fn a_flood_of_100k_abusive_datagrams_and_1000_requests_leave_the_server_as_it_wa
     let (mut sent, mut answered, mut leaked) = (0u64, 0u64, Vec::new());
     let mut own: HashSet<(usize, u32)> = HashSet::new(); // (flooder, id) of accepted mutants
     let mut buf = vec![0u8; 4096];
+    let mut owed = [0u64; 2];
     let start = Instant::now();
     while sent < 100_000 {
-        let which = (sent / 64 % 2) as usize;
+        let which = (sent / BURST % 2) as usize;
         let f = &flooders[which];
         let r = victim.ask(&wire::poll(8, 0));
         assert_eq!(
@@ -203,29 +258,31 @@ fn a_flood_of_100k_abusive_datagrams_and_1000_requests_leave_the_server_as_it_wa
             "the victim's poll is answered about its request"
         );
         let mut burst = Vec::new();
-        for _ in 0..64 {
+        for _ in 0..BURST {
             let d = mutant(&mut rng, 8);
             f.send(&d).unwrap();
             burst.push(d);
         }
-        sent += 64;
-        let mut got = 0;
-        while got < burst.len() {
+        sent += BURST;
+        // the replies owed to this socket (late ones from earlier bursts included)
+        owed[which] += burst.len() as u64;
+        while owed[which] > 0 {
             let Ok(n) = f.recv(&mut buf) else { break };
-            got += 1;
-            assert!(n >= 20, "a reply of {n} bytes");
-            assert_eq!(wire::word(&buf, 0), wire::REPLY);
-            let (kind, id) = (wire::word(&buf, 1), wire::word(&buf, 2));
-            match kind {
-                wire::ACCEPTED => {
-                    own.insert((which, id));
-                }
-                wire::REFUSED => {}
-                _ if own.contains(&(which, id)) => {}
-                _ => leaked.push((kind, id)),
-            }
+            owed[which] -= 1;
+            answered += 1;
+            check(which, &buf[..n], &mut own, &mut leaked);
         }
-        answered += got as u64;
+    }
+    // the last late replies
+    for (which, f) in flooders.iter().enumerate() {
+        f.set_read_timeout(Some(Duration::from_millis(500)))
+            .unwrap();
+        while owed[which] > 0 {
+            let Ok(n) = f.recv(&mut buf) else { break };
+            owed[which] -= 1;
+            answered += 1;
+            check(which, &buf[..n], &mut own, &mut leaked);
+        }
     }
     let secs = start.elapsed().as_secs_f64();
     println!(
@@ -260,6 +317,7 @@ fn a_flood_of_100k_abusive_datagrams_and_1000_requests_leave_the_server_as_it_wa
     assert!(s.refused_for(Refusal::UnknownRequest) > 10_000, "{s}");
     assert!(s.refused_for(Refusal::Limit) > 1_000, "{s}");
     assert!(s.refused_for(Refusal::TokenOutOfRange) > 1_000, "{s}");
+    assert!(s.refused_for(Refusal::BadUtf8) > 1_000, "{s}");
     assert!(s.reclaimed >= abandoned as u64 / 2, "{s}");
 
     // the kernel holds what it held: the same BPF objects, and memory within noise (other
