@@ -20,7 +20,7 @@
 //! kernel tokenizes it). Needs root.
 
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use qwen_bpf::wire::{poll_datagram, request_datagram, text_request_datagram, Reply, WireSampling};
@@ -122,7 +122,13 @@ fn main() {
     let dir = model_dir();
     let slots = arg("--slots", 2);
     let tokens = arg("--tokens", 32);
-    let tok = Tokenizer::from_model_dir(&dir).expect("the model's tokenizer");
+    // the model's tokenizer.json, else the Qwen3 one beside the source tree (the synthetic model
+    // has none)
+    let beside =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/qwen3-tokenizer/tokenizer.json");
+    let tok = Tokenizer::from_model_dir(&dir)
+        .or_else(|_| Tokenizer::from_file(&beside))
+        .expect("a tokenizer: the model's or ../shared/qwen3-tokenizer/tokenizer.json");
     let prompt = tok.encode(PROMPT).unwrap();
     let opts = ModelOptions {
         threads: 1,

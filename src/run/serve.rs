@@ -102,9 +102,9 @@ impl Model {
     /// process's handles close and the installed model serves on alone until
     /// [`Installed::remove`].
     ///
-    /// Needs [`ModelOptions::event_slots`](crate::ModelOptions::event_slots) > 0 and
-    /// [`Model::load_vocabulary`] (replies carry text) and [`Model::load_tokenizer`] (requests do). Errors: [`Error::AlreadyInstalled`] for
-    /// a name in use, [`Error::Bpffs`] when the BPF filesystem is missing and cannot be mounted.
+    /// Needs [`ModelOptions::event_slots`](crate::ModelOptions::event_slots) > 0,
+    /// [`Model::load_vocabulary`] (replies carry text) and [`Model::load_tokenizer`] (requests
+    /// do). Errors: [`Error::AlreadyInstalled`] for a name in use, [`Error::Bpffs`] when the BPF filesystem is missing and cannot be mounted.
     pub fn install(mut self, name: &str, cfg: &InstallConfig) -> Result<Installed> {
         check_name(name)?;
         if !self.vocab_loaded {
