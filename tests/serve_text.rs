@@ -13,11 +13,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
 
 use common::serve::{
-    install_in_process, options, reference, text_of, wire, Client, Installation, CTX,
+    install_in_process, per_op_model, reference, text_of, wire, Client, Installation, CTX,
 };
-use qwen_bpf::{
-    Dispatch, GenerateOptions, InstallConfig, Model, ModelOptions, SamplingParams, Tokenizer,
-};
+use qwen_bpf::{GenerateOptions, InstallConfig, SamplingParams, Tokenizer};
 
 /// Sends text request `id` and polls it to its end: the text and the FINAL record's words.
 fn ask_text(
@@ -45,15 +43,7 @@ fn ask_text(
 
 /// The tokens `Model::generate` samples for `prompt` with `p` (one thread, per operator).
 fn sampled(dir: &Path, prompt: &[u32], n: usize, p: &SamplingParams) -> Vec<u32> {
-    let mut m = Model::open(
-        dir,
-        &ModelOptions {
-            dispatch: Dispatch::PerOp,
-            threads: 1,
-            ..options(dir, 0, CTX)
-        },
-    )
-    .unwrap();
+    let mut m = per_op_model(dir);
     let g = m
         .generate(prompt, &GenerateOptions::new(n).with_sampling(p.clone()))
         .unwrap();

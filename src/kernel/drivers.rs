@@ -177,6 +177,18 @@ impl Ops {
             .map_err(|e| load_error("the event path's XDP program", e))
     }
 
+    /// The object's mapped `.bss`, for `what` to write into.
+    pub(crate) fn bss_mut(&mut self, what: &str) -> Result<&mut super::ops::skel::types::bss> {
+        self.skel
+            .maps
+            .bss_data
+            .as_deref_mut()
+            .ok_or_else(|| Error::Bpf {
+                what: what.into(),
+                detail: "the operator object has no .bss".into(),
+            })
+    }
+
     /// Writes the event path's configuration and slot templates into the mapped .bss, zeroes
     /// its counters, and initialises the slots' workqueue items when `init`.
     pub(crate) fn configure_events(
@@ -185,15 +197,7 @@ impl Ops {
         templates: &[GenArgs],
         init: bool,
     ) -> Result<()> {
-        let bss = self
-            .skel
-            .maps
-            .bss_data
-            .as_deref_mut()
-            .ok_or_else(|| Error::Bpf {
-                what: "the event path".into(),
-                detail: "the operator object has no .bss".into(),
-            })?;
+        let bss = self.bss_mut("the event path")?;
         bss.ev_cfg = cfg;
         bss.ev_template[..templates.len()].copy_from_slice(templates);
         bss.ev_accepted = 0;

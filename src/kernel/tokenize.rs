@@ -85,15 +85,7 @@ impl Ops {
     pub fn point_tokenizer(&mut self, r: &TokRegions) -> Result<u64> {
         let (tables, scratch, text) =
             (self.addr_of(r.tables), self.addr_of(r.scratch), self.addr_of(r.text));
-        let bss = self
-            .skel
-            .maps
-            .bss_data
-            .as_deref_mut()
-            .ok_or_else(|| Error::Bpf {
-                what: "the tokenizer".into(),
-                detail: "the operator object has no .bss".into(),
-            })?;
+        let bss = self.bss_mut("the tokenizer")?;
         bss.tok_cfg.tables = tables;
         bss.tok_cfg.scratch = scratch;
         Ok(text)

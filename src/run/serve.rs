@@ -304,18 +304,24 @@ impl std::fmt::Display for InstallStatus {
     }
 }
 
+/// The pin directory of the model installed as `name`: [`Error::NotInstalled`] if there is none.
+fn installed_dir(name: &str) -> Result<PathBuf> {
+    check_name(name)?;
+    let dir = pin_dir(name);
+    if !dir.is_dir() {
+        return Err(Error::NotInstalled {
+            name: name.into(),
+            path: dir,
+        });
+    }
+    Ok(dir)
+}
+
 impl Installed {
     /// The model installed as `name`: [`Error::NotInstalled`] if there is none,
     /// [`Error::LostPin`] if one of its pins is missing.
     pub fn open(name: &str) -> Result<Installed> {
-        check_name(name)?;
-        let dir = pin_dir(name);
-        if !dir.is_dir() {
-            return Err(Error::NotInstalled {
-                name: name.into(),
-                path: dir,
-            });
-        }
+        let dir = installed_dir(name)?;
         let pins = PinnedEvents::open(&dir)?;
         Ok(Installed {
             name: name.into(),
@@ -407,14 +413,7 @@ impl Installed {
     /// (a generation still running finishes its round first). [`Error::NotInstalled`] if there
     /// is none. Pins missing already are skipped.
     pub fn remove(name: &str) -> Result<()> {
-        check_name(name)?;
-        let dir = pin_dir(name);
-        if !dir.is_dir() {
-            return Err(Error::NotInstalled {
-                name: name.into(),
-                path: dir,
-            });
-        }
+        let dir = installed_dir(name)?;
         pins::remove(&dir)?;
         log::info!("removed {name:?} ({})", dir.display());
         Ok(())

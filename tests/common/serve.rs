@@ -187,10 +187,10 @@ pub fn options(dir: &Path, slots: usize, ctx: usize) -> ModelOptions {
     }
 }
 
-/// The tokens greedy per-operator generation gives (one thread), up to `n`, ending at a stop
-/// token (included, as the kernel counts it): the tokens and whether one stopped it.
-pub fn reference(dir: &Path, prompt: &[u32], n: usize, stops: &[u32]) -> (Vec<u32>, bool) {
-    let mut m = Model::open(
+/// The test model, driven one operator at a time on one thread: the reference of the served
+/// answers.
+pub fn per_op_model(dir: &Path) -> Model {
+    Model::open(
         dir,
         &ModelOptions {
             dispatch: Dispatch::PerOp,
@@ -198,7 +198,13 @@ pub fn reference(dir: &Path, prompt: &[u32], n: usize, stops: &[u32]) -> (Vec<u3
             ..options(dir, 0, CTX)
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// The tokens greedy per-operator generation gives (one thread), up to `n`, ending at a stop
+/// token (included, as the kernel counts it): the tokens and whether one stopped it.
+pub fn reference(dir: &Path, prompt: &[u32], n: usize, stops: &[u32]) -> (Vec<u32>, bool) {
+    let mut m = per_op_model(dir);
     let mut ids = super::greedy_tokens(&mut m, prompt, n);
     match ids.iter().position(|t| stops.contains(t)) {
         Some(i) => {
