@@ -108,6 +108,18 @@ fn ask(server: SocketAddr, id: u32, datagram: &[u8]) -> Timing {
     }
 }
 
+/// A generation's timing from `t0`: its first token, then the rest.
+fn timed(t0: Instant, mut g: impl Iterator<Item = qwen_bpf::Result<u32>>) -> Timing {
+    g.next().unwrap().unwrap();
+    let first = t0.elapsed();
+    let tokens = g.map(|t| t.unwrap()).count() + 1;
+    Timing {
+        first,
+        rest: t0.elapsed() - first,
+        tokens,
+    }
+}
+
 fn row(what: &str, t: &[Timing]) {
     let n = t.len() as f64;
     let first = t.iter().map(|t| t.first.as_secs_f64()).sum::<f64>() / n * 1e3;
@@ -147,31 +159,17 @@ fn main() {
     println!("|{:-<42}|{:->12}|{:->15}|{:->14}|", "", "", "", "");
 
     let mut m = Model::open(&dir, &opts).expect("opening the model");
-    let t0 = Instant::now();
-    let mut g = m.generate(&prompt, &gen).unwrap();
-    g.next().unwrap().unwrap();
-    let first = t0.elapsed();
-    let rest = g.map(|t| t.unwrap()).count() + 1;
+    // the clock starts before the call, which may prefill at once or at the first token
     row(
         "generate (1 thread)",
-        &[Timing {
-            first,
-            rest: t0.elapsed() - first,
-            tokens: rest,
-        }],
+        &[timed(Instant::now(), m.generate(&prompt, &gen).unwrap())],
     );
-    let t0 = Instant::now();
-    let mut g = m.generate_in_kernel(&prompt, &gen).unwrap();
-    g.next().unwrap().unwrap();
-    let first = t0.elapsed();
-    let rest = g.map(|t| t.unwrap()).count() + 1;
     row(
         "generate_in_kernel (1 thread)",
-        &[Timing {
-            first,
-            rest: t0.elapsed() - first,
-            tokens: rest,
-        }],
+        &[timed(
+            Instant::now(),
+            m.generate_in_kernel(&prompt, &gen).unwrap(),
+        )],
     );
 
     let _ = Installed::remove(NAME);

@@ -252,7 +252,6 @@ fn every_constant_shared_by_c_and_rust_is_the_same_on_both_sides() {
             c.ev_tf_chat as i64,
             wire::FLAG_CHAT as i64,
         ),
-        ("EV_ONE vs wire::ONE", c.ev_one as i64, wire::ONE as i64),
         (
             "GEN_STOPS_MAX vs in_kernel::STOPS_MAX",
             c.gen_stops_max as i64,

@@ -37,7 +37,6 @@
 #define EV_MAGIC 0x46504251     /* "QBPF": a request of token ids, greedy */
 #define EV_TEXT_MAGIC 0x54504251 /* "QBPT": a request of UTF-8 text, with sampling parameters */
 #define EV_TEXT_IN_MAX 4096     /* text bytes one request may carry */
-#define EV_ONE 65536            /* 1.0 in the sampling fields (Q16.16) */
 #define EV_TF_CHAT 1            /* QBPT flags: wrap the text in the chat template */
 #define EV_SOURCES_MAX 4
 #define EV_FREE 0
@@ -263,14 +262,12 @@ static __noinline int ev_tokenize(struct ev_slot *s)
 	if (chat)
 		for (u32 i = 0; i < sizeof(ev_chat_head) - 1; i++)
 			t[n++] = ev_chat_head[i];
-	FOR(i, 0, len)
+	FOR(i, 0, len) /* len <= EV_TEXT_IN_MAX: checked in XDP */
 		t[n + i] = s->text_in[i & (EV_TEXT_IN_MAX - 1)];
-	n += len < EV_TEXT_IN_MAX ? len : EV_TEXT_IN_MAX;
+	n += len;
 	if (chat)
 		for (u32 i = 0; i < sizeof(ev_chat_tail) - 1; i++)
-			t[n + i] = ev_chat_tail[i];
-	if (chat)
-		n += sizeof(ev_chat_tail) - 1;
+			t[n++] = ev_chat_tail[i];
 	return tokenize(ev_cfg.tok_text, n, s->args.prompt, ev_cfg.max_prompt);
 }
 
@@ -300,8 +297,9 @@ static int ev_work(void *map, int *key, void *value)
 	if (!s->started) {
 		u32 __arena *p = ARENA_PTR(u32, s->args.prompt);
 
-		for (u32 i = 0; i < s->args.n_prompt && i < EV_PROMPT_MAX && !s->is_text; i++)
-			p[i] = s->prompt[i];
+		if (!s->is_text) /* a text's prompt was tokenized into the arena above */
+			for (u32 i = 0; i < s->args.n_prompt && i < EV_PROMPT_MAX; i++)
+				p[i] = s->prompt[i];
 		if (s->args.sampling && s->args.sample.counts)
 			ev_count_prompt(&s->args);
 		s->started = 1;

@@ -26,8 +26,8 @@ pub const TEXT_HEADER_BYTES: usize = 48;
 /// A text request's flag: wrap the text in the chat template before tokenizing it
 /// (`EV_TF_CHAT`; [`crate::Tokenizer::chat_prompt`]).
 pub const FLAG_CHAT: u32 = 1;
-/// 1.0 in a text request's sampling fields (Q16.16).
-pub const ONE: u32 = 1 << 16;
+/// 1.0 in a text request's sampling fields (Q16.16): the integer sampler's 1.0.
+pub const ONE: u32 = crate::num::sample::ONE;
 
 /// A text request's sampling fields, as the wire carries them: the integer sampler's parameters
 /// (`src/bpf/sample.inc.c`, Q16.16 fixed point; 0 = off, and 1.0 is off too for top-p and the
