@@ -727,6 +727,9 @@ _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is li
 /* ------------------------------------------------------------------ a kernel event starts it */
 #include "event.inc.c"
 
+/* ------------------------------------------------------------------ the packet filter */
+#include "filter.inc.c"
+
 /* ------------------------------------------------------------------ constants shared with Rust */
 
 /* Every constant that C and Rust both use beyond fixed.h and limits.h (which `formats`

@@ -25,6 +25,7 @@ macro_rules! skel_module {
 
 pub mod arena;
 mod drivers;
+pub mod filter;
 pub mod floor;
 mod operators;
 pub mod ops;

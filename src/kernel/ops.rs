@@ -311,9 +311,15 @@ fn open_and_load(
         .open(storage)
         .map_err(|e| load_error("the operator programs", e))?;
     if !events {
-        // the event path's programs (their verification repeats the whole plan's) load only
-        // for a model that serves kernel events
-        for p in [&mut open.progs.ev_setup, &mut open.progs.ev_xdp] {
+        // the event path's and the filter's programs (their verification repeats the whole
+        // plan's) load only for a model that serves kernel events
+        for p in [
+            &mut open.progs.ev_setup,
+            &mut open.progs.ev_xdp,
+            &mut open.progs.flt_setup,
+            &mut open.progs.flt_xdp,
+            &mut open.progs.filter_classify,
+        ] {
             p.set_autoload(false);
         }
     }

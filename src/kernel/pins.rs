@@ -128,62 +128,126 @@ fn get_pinned(path: &Path) -> Result<OwnedFd> {
 
 impl Ops {
     /// Attaches the event path's XDP program (configured by [`Ops::configure_events`]) to
-    /// `ifindex` in `mode` and pins it, its link and the maps it needs under `dir`, which must
-    /// exist and be empty: from then on it serves without this process. On failure it removes
-    /// what it pinned (the XDP program is detached when the link's fd closes).
+    /// `ifindex` in `mode` and pins it, its link and the maps it needs under `dir` (see
+    /// [`pin_attached`]).
     pub(crate) fn pin_events(&mut self, ifindex: u32, mode: XdpMode, dir: &Path) -> Result<()> {
-        let mut opts: libbpf_sys::bpf_link_create_opts = Default::default();
-        opts.sz = std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _;
-        opts.flags = mode.flags();
-        let prog = self.skel.progs.ev_xdp.as_fd().as_raw_fd();
-        // SAFETY: a loaded XDP program's fd and a sized, zero-initialised opts.
-        let fd = unsafe {
-            libbpf_sys::bpf_link_create(prog, ifindex as i32, libbpf_sys::BPF_XDP, &opts)
-        };
-        if fd < 0 {
-            let e = std::io::Error::last_os_error();
-            return Err(Error::Bpf {
-                what: format!(
-                    "attaching the event path's XDP program to interface {ifindex} ({mode:?} mode)"
-                ),
-                detail: match e.raw_os_error() {
-                    Some(libc::EBUSY) | Some(libc::EEXIST) => {
-                        format!("{e}: the interface has an XDP program already")
-                    }
-                    Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) if mode == XdpMode::Native => {
-                        format!("{e}: the driver has no native XDP")
-                    }
-                    _ => e.to_string(),
-                },
-            });
-        }
-        // SAFETY: a new link fd we own; closing it detaches the program unless pinned.
-        let link = unsafe { OwnedFd::from_raw_fd(fd) };
+        let s = &self.skel;
         let maps = [
-            self.skel.maps.arena.as_fd().as_raw_fd(),
-            self.skel.maps.bss.as_fd().as_raw_fd(),
-            self.skel.maps.ev_slots.as_fd().as_raw_fd(),
-            self.skel.maps.tokens.as_fd().as_raw_fd(),
+            s.maps.arena.as_fd().as_raw_fd(),
+            s.maps.bss.as_fd().as_raw_fd(),
+            s.maps.ev_slots.as_fd().as_raw_fd(),
+            s.maps.tokens.as_fd().as_raw_fd(),
         ];
         let progs = [
-            self.skel.progs.ev_xdp.as_fd().as_raw_fd(),
-            self.skel.progs.ev_setup.as_fd().as_raw_fd(),
+            s.progs.ev_xdp.as_fd().as_raw_fd(),
+            s.progs.ev_setup.as_fd().as_raw_fd(),
         ];
-        let pins = MAP_PINS
-            .iter()
-            .zip(maps)
-            .chain(PROG_PINS.iter().zip(progs))
-            .chain([(&LINK_PIN, link.as_raw_fd())]);
-        for (name, fd) in pins {
-            if let Err(e) = pin_fd(fd, &dir.join(name)) {
-                for n in MAP_PINS.iter().chain(&PROG_PINS).chain([&LINK_PIN]) {
-                    let _ = std::fs::remove_file(dir.join(n));
-                }
-                return Err(e);
-            }
-        }
-        Ok(())
+        pin_attached(
+            "the event path's XDP program",
+            progs[0],
+            ifindex,
+            mode,
+            dir,
+            &MAP_PINS.iter().copied().zip(maps).collect::<Vec<_>>(),
+            &PROG_PINS.iter().copied().zip(progs).collect::<Vec<_>>(),
+        )
     }
+}
+
+/// Attaches XDP program `xdp` (`what`, for errors) to `ifindex` in `mode` and pins it, the
+/// `maps` and `progs` (file name, fd) and the link ([`LINK_PIN`]) under `dir`, which must exist
+/// and be empty: from then on it runs without this process. On failure it removes what it
+/// pinned (the program is detached when the link's fd closes).
+pub(crate) fn pin_attached(
+    what: &str,
+    xdp: i32,
+    ifindex: u32,
+    mode: XdpMode,
+    dir: &Path,
+    maps: &[(&str, i32)],
+    progs: &[(&str, i32)],
+) -> Result<()> {
+    let mut opts: libbpf_sys::bpf_link_create_opts = Default::default();
+    opts.sz = std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _;
+    opts.flags = mode.flags();
+    // SAFETY: a loaded XDP program's fd and a sized, zero-initialised opts.
+    let fd = unsafe { libbpf_sys::bpf_link_create(xdp, ifindex as i32, libbpf_sys::BPF_XDP, &opts) };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(Error::Bpf {
+            what: format!("attaching {what} to interface {ifindex} ({mode:?} mode)"),
+            detail: match e.raw_os_error() {
+                Some(libc::EBUSY) | Some(libc::EEXIST) => {
+                    format!("{e}: the interface has an XDP program already")
+                }
+                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) if mode == XdpMode::Native => {
+                    format!("{e}: the driver has no native XDP")
+                }
+                _ => e.to_string(),
+            },
+        });
+    }
+    // SAFETY: a new link fd we own; closing it detaches the program unless pinned.
+    let link = unsafe { OwnedFd::from_raw_fd(fd) };
+    let all: Vec<(&str, i32)> = maps
+        .iter()
+        .chain(progs)
+        .copied()
+        .chain([(LINK_PIN, link.as_raw_fd())])
+        .collect();
+    for &(name, fd) in &all {
+        if let Err(e) = pin_fd(fd, &dir.join(name)) {
+            for (n, _) in &all {
+                let _ = std::fs::remove_file(dir.join(n));
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
+}
+
+/// Opens the map pinned at `p`; [`Error::LostPin`] when it is missing.
+pub(crate) fn open_map(p: &Path) -> Result<MapHandle> {
+    if !p.exists() {
+        return Err(Error::LostPin { path: p.into() });
+    }
+    MapHandle::from_pinned_path(p).map_err(|e| Error::Bpf {
+        what: format!("opening the pin {}", p.display()),
+        detail: e.to_string(),
+    })
+}
+
+/// Refuses a pinned `.bss` (at `path`) of another size than this build's.
+pub(crate) fn check_bss_size(bss: &MapHandle, path: &Path) -> Result<()> {
+    if bss.value_size() as usize != std::mem::size_of::<bss>() {
+        return Err(Error::Bpf {
+            what: format!("the pin {}", path.display()),
+            detail: format!(
+                "a .bss of {} bytes, not this build's {}: installed by another version",
+                bss.value_size(),
+                std::mem::size_of::<bss>()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The pinned `.bss` of the installation in `dir`, read with one map lookup.
+pub(crate) fn read_bss(map: &MapHandle, dir: &Path) -> Result<Box<bss>> {
+    let err = |e: String| Error::Bpf {
+        what: format!("reading the .bss of {}", dir.display()),
+        detail: e,
+    };
+    let raw = map
+        .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+        .map_err(|e| err(e.to_string()))?
+        .ok_or_else(|| err("no element 0".into()))?;
+    if raw.len() != std::mem::size_of::<bss>() {
+        return Err(err(format!("{} bytes", raw.len())));
+    }
+    // SAFETY: `bss` is a repr(C) struct of integers (any bit pattern is a value) and raw
+    // holds exactly its size.
+    Ok(Box::new(unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) }))
 }
 
 /// An event path pinned under a directory, opened from its pins.
@@ -211,16 +275,6 @@ pub struct PinnedState {
 impl PinnedEvents {
     /// Opens the pins under `dir`; [`Error::LostPin`] names the first that is missing.
     pub fn open(dir: &Path) -> Result<PinnedEvents> {
-        let map = |name: &str| {
-            let p = dir.join(name);
-            if !p.exists() {
-                return Err(Error::LostPin { path: p });
-            }
-            MapHandle::from_pinned_path(&p).map_err(|e| Error::Bpf {
-                what: format!("opening the pin {}", p.display()),
-                detail: e.to_string(),
-            })
-        };
         for name in PROG_PINS.iter().chain([&LINK_PIN]) {
             if !dir.join(name).exists() {
                 return Err(Error::LostPin {
@@ -228,18 +282,10 @@ impl PinnedEvents {
                 });
             }
         }
+        let map = |name: &str| open_map(&dir.join(name));
         let (bss, arena, slots) = (map("bss")?, map("arena")?, map("ev_slots")?);
         map("tokens")?;
-        if bss.value_size() as usize != std::mem::size_of::<bss>() {
-            return Err(Error::Bpf {
-                what: format!("the pin {}", dir.join("bss").display()),
-                detail: format!(
-                    "a .bss of {} bytes, not this build's {}: installed by another version",
-                    bss.value_size(),
-                    std::mem::size_of::<bss>()
-                ),
-            });
-        }
+        check_bss_size(&bss, &dir.join("bss"))?;
         Ok(PinnedEvents {
             dir: dir.to_path_buf(),
             bss,
@@ -254,17 +300,7 @@ impl PinnedEvents {
             what: format!("reading {} of {}", what, self.dir.display()),
             detail: e,
         };
-        let raw = self
-            .bss
-            .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
-            .map_err(|e| err("the .bss", e.to_string()))?
-            .ok_or_else(|| err("the .bss", "no element 0".into()))?;
-        if raw.len() != std::mem::size_of::<bss>() {
-            return Err(err("the .bss", format!("{} bytes", raw.len())));
-        }
-        // SAFETY: `bss` is a repr(C) struct of integers (any bit pattern is a value) and raw
-        // holds exactly its size.
-        let bss: Box<bss> = Box::new(unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) });
+        let bss = read_bss(&self.bss, &self.dir)?;
         let n = (bss.ev_cfg.n_slots as usize).min(self.slots.max_entries() as usize);
         let mut slot_states = Vec::with_capacity(n);
         for i in 0..n as u32 {
@@ -311,7 +347,14 @@ pub fn remove(dir: &Path) -> Result<()> {
             }
         }
     }
-    for name in [&LINK_PIN].into_iter().chain(&PROG_PINS).chain(&MAP_PINS) {
+    // every pin of either kind of installation (the event path's, the filter's)
+    let names = [LINK_PIN]
+        .into_iter()
+        .chain(PROG_PINS)
+        .chain(MAP_PINS)
+        .chain(super::filter::PROG_PINS)
+        .chain(super::filter::MAP_PINS);
+    for name in names {
         match std::fs::remove_file(dir.join(name)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(Error::io(dir.join(name), e))

@@ -1,0 +1,277 @@
+//! The packet filter's programs (`src/bpf/filter.inc.c`): configuring them, classifying one
+//! payload with `filter_classify`, pinning the XDP filter, and reading its state back from the
+//! pins ([`PinnedFilter`]).
+
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::{Path, PathBuf};
+
+use libbpf_rs::{MapCore, MapFlags, MapHandle};
+
+use super::ops::skel::types::{bss, flt_slot};
+use super::ops::{GenArgs, Ops};
+use super::pins::{self, XdpMode};
+use super::test_run;
+use crate::{Error, Result};
+
+/// The filter's configuration (`struct flt_config`).
+pub(crate) use super::ops::skel::types::flt_config as FilterCfg;
+/// A label as the kernel holds it (`struct flt_label`).
+pub(crate) use super::ops::skel::types::flt_label as FilterLabel;
+/// The ctx of `filter_classify` (`struct flt_run_args`).
+pub(crate) use super::ops::skel::types::flt_run_args as FilterRunArgs;
+
+/// Payload bytes one classification reads (`FLT_BYTES_MAX`).
+pub const BYTES_MAX: usize = 1024;
+/// Labels of one rule (`FLT_LABELS_MAX`).
+pub const LABELS_MAX: usize = 8;
+/// Tokens of one label (`FLT_LABEL_TOKENS_MAX`).
+pub const LABEL_TOKENS_MAX: usize = 4;
+/// Destination ports of one rule (`FLT_PORTS_MAX`).
+pub const PORTS_MAX: usize = 8;
+/// Source prefixes of one rule (`FLT_SOURCES_MAX`).
+pub const SOURCES_MAX: usize = 8;
+/// Tokens of the template after the payload (`FLT_SUFFIX_MAX`).
+pub const SUFFIX_MAX: usize = 512;
+/// Entries of the flow table (`FLT_FLOWS`), least recently used evicted first.
+pub const FLOWS: usize = 65536;
+/// Payload bytes a verdict record carries (`FLT_EXCERPT`).
+pub const EXCERPT: usize = 64;
+/// `flt_step`'s "call again" (`FLT_MORE`).
+pub const MORE: i32 = 1;
+/// Actions and policies: pass (`FLT_PASS`), drop (`FLT_DROP`), count (`FLT_COUNT`).
+pub const PASS: u32 = 0;
+/// See [`PASS`].
+pub const DROP: u32 = 1;
+/// See [`PASS`].
+pub const COUNT: u32 = 2;
+
+/// The maps a pinned filter needs, by file name (`bss` is the object's `.bss`).
+pub const MAP_PINS: [&str; 5] = ["arena", "bss", "flt_slots", "flt_flows", "flt_log"];
+/// The programs pinned.
+pub const PROG_PINS: [&str; 2] = ["flt_xdp", "flt_setup"];
+
+/// What `filter_classify` computed for one payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelVerdict {
+    /// The label chosen.
+    pub chosen: usize,
+    /// Every label's score (Q16 log-probability).
+    pub scores: Vec<i64>,
+    /// The text's bytes (after the cuts).
+    pub text_bytes: usize,
+    /// The tokens fed after the prefix (text and suffix).
+    pub prompt_tokens: usize,
+}
+
+impl Ops {
+    /// Writes the filter's configuration and each slot's context template into the mapped
+    /// .bss, zeroes its counters, and initialises the slots' workqueue items when `init`.
+    pub(crate) fn configure_filter(
+        &mut self,
+        cfg: FilterCfg,
+        templates: &[GenArgs],
+        init: bool,
+    ) -> Result<()> {
+        let bss = self.bss_mut("the filter")?;
+        bss.flt_cfg = cfg;
+        bss.ev_template[..templates.len()].copy_from_slice(templates);
+        bss.flt_packets = 0;
+        bss.flt_bare = 0;
+        bss.flt_pending_packets = 0;
+        bss.flt_overflow = 0;
+        bss.flt_fragments = 0;
+        bss.flt_dropped = 0;
+        bss.flt_started = 0;
+        bss.flt_judged = 0;
+        bss.flt_errors = 0;
+        bss.flt_log_lost = 0;
+        bss.flt_label_flows = [0; LABELS_MAX];
+        bss.flt_label_packets = [0; LABELS_MAX];
+        if init {
+            let mut none = 0u64;
+            let rc = test_run(self.skel.progs.flt_setup.as_fd(), "flt_setup", &mut none)?;
+            if rc != 0 {
+                return Err(Error::KernelFeature {
+                    what: "initialising the filter's BPF workqueue items".into(),
+                    feature: "BPF workqueues (bpf_wq)",
+                    needs: "Linux >= 6.10",
+                    detail: format!(
+                        "flt_setup: step {} failed: {}",
+                        rc >> 16,
+                        std::io::Error::from_raw_os_error(rc & 0xffff)
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Classifies `payload` in slot `slot` with `filter_classify` (the steps the XDP filter's
+    /// worker runs), calling it until it is done.
+    pub(crate) fn classify_in_kernel(&mut self, slot: u32, payload: &[u8]) -> Result<KernelVerdict> {
+        if payload.len() > BYTES_MAX {
+            return Err(Error::Limit {
+                what: "payload bytes of one classification",
+                value: payload.len(),
+                limit: format!("at most {BYTES_MAX}"),
+            });
+        }
+        let mut a = FilterRunArgs {
+            slot,
+            n_payload: payload.len() as u32,
+            ..Default::default()
+        };
+        a.payload[..payload.len()].copy_from_slice(payload);
+        let prog = self.skel.progs.filter_classify.as_fd();
+        loop {
+            let rc = test_run(prog, "filter_classify", &mut a)?;
+            self.runs += 1;
+            if rc != 0 {
+                return Err(Error::Bpf {
+                    what: "filter_classify".into(),
+                    detail: match rc {
+                        2 => "the slot is classifying a flow".into(),
+                        _ => format!("rejected its arguments (ret {rc})"),
+                    },
+                });
+            }
+            if a.status != MORE {
+                break;
+            }
+            a.resume = 1;
+        }
+        if a.status != 0 {
+            return Err(Error::Bpf {
+                what: "filter_classify".into(),
+                detail: format!(
+                    "the classification failed with {} (tokenizer: {})",
+                    a.status, a.tok_result
+                ),
+            });
+        }
+        let n = self.bss_mut("the filter")?.flt_cfg.n_labels as usize;
+        Ok(KernelVerdict {
+            chosen: a.chosen as usize,
+            scores: a.scores[..n.min(LABELS_MAX)].to_vec(),
+            text_bytes: a.n_text as usize,
+            prompt_tokens: a.n_prompt as usize,
+        })
+    }
+
+    /// Attaches the filter's XDP program to `ifindex` in `mode` and pins it, its link and the
+    /// maps it needs under `dir` (see [`pins::pin_attached`]).
+    pub(crate) fn pin_filter(&mut self, ifindex: u32, mode: XdpMode, dir: &Path) -> Result<()> {
+        let s = &self.skel;
+        let maps = [
+            s.maps.arena.as_fd().as_raw_fd(),
+            s.maps.bss.as_fd().as_raw_fd(),
+            s.maps.flt_slots.as_fd().as_raw_fd(),
+            s.maps.flt_flows.as_fd().as_raw_fd(),
+            s.maps.flt_log.as_fd().as_raw_fd(),
+        ];
+        let progs = [
+            s.progs.flt_xdp.as_fd().as_raw_fd(),
+            s.progs.flt_setup.as_fd().as_raw_fd(),
+        ];
+        pins::pin_attached(
+            "the filter's XDP program",
+            progs[0],
+            ifindex,
+            mode,
+            dir,
+            &MAP_PINS.iter().copied().zip(maps).collect::<Vec<_>>(),
+            &PROG_PINS.iter().copied().zip(progs).collect::<Vec<_>>(),
+        )
+    }
+}
+
+/// A filter pinned under a directory, opened from its pins.
+#[derive(Debug)]
+pub struct PinnedFilter {
+    dir: PathBuf,
+    bss: MapHandle,
+    arena: MapHandle,
+    slots: MapHandle,
+    flows: MapHandle,
+    log: MapHandle,
+}
+
+/// What a pinned filter's maps say.
+#[derive(Debug, Clone)]
+pub struct FilterState {
+    /// The object's `.bss`: the rule as compiled (`flt_cfg`) and the counters.
+    pub bss: Box<bss>,
+    /// Slots classifying a flow.
+    pub slots_busy: usize,
+    /// Flows in the table (verdicts and pending).
+    pub flows: usize,
+    /// The arena's bytes: the kernel memory the model holds.
+    pub arena_bytes: u64,
+    /// The arena map's id.
+    pub arena_id: u32,
+}
+
+impl PinnedFilter {
+    /// Opens the pins under `dir`; [`Error::LostPin`] names the first that is missing.
+    pub fn open(dir: &Path) -> Result<PinnedFilter> {
+        for name in PROG_PINS.iter().chain([&pins::LINK_PIN]) {
+            if !dir.join(name).exists() {
+                return Err(Error::LostPin {
+                    path: dir.join(name),
+                });
+            }
+        }
+        let map = |name: &str| pins::open_map(&dir.join(name));
+        let bss = map("bss")?;
+        pins::check_bss_size(&bss, &dir.join("bss"))?;
+        Ok(PinnedFilter {
+            dir: dir.to_path_buf(),
+            bss,
+            arena: map("arena")?,
+            slots: map("flt_slots")?,
+            flows: map("flt_flows")?,
+            log: map("flt_log")?,
+        })
+    }
+
+    /// The verdict log's ring buffer map, for a reader to follow.
+    pub fn log_map(&self) -> &MapHandle {
+        &self.log
+    }
+
+    /// Reads the state: the `.bss`, the slots' states, the number of flows, the arena.
+    pub fn state(&self) -> Result<FilterState> {
+        let err = |what: &str, e: String| Error::Bpf {
+            what: format!("reading {} of {}", what, self.dir.display()),
+            detail: e,
+        };
+        let bss = pins::read_bss(&self.bss, &self.dir)?;
+        let n = (bss.flt_cfg.n_slots as usize).min(self.slots.max_entries() as usize);
+        let mut slots_busy = 0;
+        for i in 0..n as u32 {
+            let v = self
+                .slots
+                .lookup(&i.to_ne_bytes(), MapFlags::ANY)
+                .map_err(|e| err("a slot", e.to_string()))?
+                .ok_or_else(|| err("a slot", format!("no element {i}")))?;
+            if v.len() < std::mem::size_of::<flt_slot>() {
+                return Err(err("a slot", format!("{} bytes", v.len())));
+            }
+            // SAFETY: flt_slot is integers only (its bpf_wq is opaque integers).
+            let s: flt_slot = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
+            slots_busy += (s.state != 0) as usize;
+        }
+        let flows = self.flows.keys().count();
+        let info = self
+            .arena
+            .info()
+            .map_err(|e| err("the arena's info", e.to_string()))?;
+        Ok(FilterState {
+            bss,
+            slots_busy,
+            flows,
+            arena_bytes: info.info.max_entries as u64 * super::arena::PAGE as u64,
+            arena_id: info.info.id,
+        })
+    }
+}
