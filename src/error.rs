@@ -189,6 +189,17 @@ pub enum Error {
         /// What the kernels take, e.g. `"at most 16384"`.
         limit: String,
     },
+    /// A packet-filter rule ([`crate::FilterRule`]) that cannot be used: not JSON, an unknown or
+    /// missing field, or a value out of its range.
+    #[error("filter rule: {field}: {msg}")]
+    Rule {
+        /// The field, as a path into the rule (`bytes`, `labels[1].text`); `JSON` when the text
+        /// is not a rule at all (syntax, a type, an unknown or missing field: serde's message,
+        /// with its line and column).
+        field: String,
+        /// What is wrong and what is allowed.
+        msg: String,
+    },
     /// A bad argument to a library call.
     #[error("invalid argument: {0}")]
     Invalid(String),

@@ -34,6 +34,9 @@
 //!   process left running ([`Installed`], [`wire`]).
 //! - [`Reference`] is the f32 forward pass the fixed-point engine is measured against; both
 //!   implement [`Forward`].
+//! - [`Filter`] classifies packet payloads by a [`FilterRule`] (a JSON file: the prompt around
+//!   the payload's text, the [`Label`]s to choose between and their [`Action`]s), scoring each
+//!   label in integers as the kernel does ([`Verdict`], [`CompiledRule`]).
 //! - [`Tokenizer`] is the Qwen3 tokenizer and chat template; [`ensure_default_model`] writes the
 //!   synthetic Qwen3-0.6B-shaped model the examples fall back to.
 //! - Every failure is an [`Error`]. The library reports what it does (cache rebuilds, default
@@ -84,6 +87,10 @@ pub use kernel::tokenize::KernelTokenizer;
 pub use model::kv::saved_position;
 pub use model::{KernelMemory, Model, ModelOptions};
 pub use run::event::{request_datagram, Event, EventConfig, EventCounters, EventServer, Refusal};
+pub use run::filter::classify::{Filter, Verdict};
+pub use run::filter::rule::{
+    payload_text, Action, CompiledRule, FilterRule, Ipv4Prefix, Label, Policy, Protocol,
+};
 pub use run::generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
 pub use run::in_kernel::{KernelGeneration, KernelText};
 pub use run::sampling::{Candidate, Sampler, SamplingParams};

@@ -18,6 +18,7 @@ pub const IM_START: &str = "<|im_start|>";
 pub const END_OF_TEXT: &str = "<|endoftext|>";
 
 /// A loaded Qwen3 tokenizer. Every error it returns names its `tokenizer.json`.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     path: PathBuf,

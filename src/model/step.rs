@@ -76,6 +76,20 @@ impl Model {
     /// Every token's integers (its KV rows, the last token's logits) are exactly those of
     /// feeding the tokens one by one with [`Model::forward`].
     pub fn prefill(&mut self, tokens: &[u32]) -> Result<&[f32]> {
+        self.prefill_blocks(tokens)?;
+        self.logits_f32()
+    }
+
+    /// [`Model::prefill`] returning the logits as the kernel computed them (Q16), as
+    /// [`Model::forward_fixed`] does.
+    pub fn prefill_fixed(&mut self, tokens: &[u32]) -> Result<&[i32]> {
+        self.prefill_blocks(tokens)?;
+        self.last_logits_fixed()
+    }
+
+    /// Feeds `tokens` in blocks (see [`Model::prefill`]), leaving the last one's logits in the
+    /// arena.
+    fn prefill_blocks(&mut self, tokens: &[u32]) -> Result<()> {
         self.check_feed(tokens)?;
         let block = self.b.block;
         let n = tokens.len();
@@ -99,7 +113,7 @@ impl Model {
                 }
             }
         }
-        self.logits_f32()
+        Ok(())
     }
 
     /// Tokens per prefill block: how many prompt tokens [`Model::prefill`] runs through each

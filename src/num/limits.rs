@@ -226,3 +226,17 @@ pub const TOK_MARKS_MAX: usize = 4096;
 pub const TOK_ADDED_MAX: usize = 4096;
 /// Bytes of one added token. `LIM_TOK_ADDED_LEN`.
 pub const TOK_ADDED_LEN: usize = 256;
+
+/// Payload bytes a filter rule may read (`bytes` of the rule). `LIM_FILTER_BYTES_MAX`.
+pub const FILTER_BYTES_MAX: usize = 1024;
+/// Labels of a filter rule (at least 2). `LIM_FILTER_LABELS_MAX`.
+pub const FILTER_LABELS_MAX: usize = 8;
+/// Tokens of one label's text. `LIM_FILTER_LABEL_TOKENS_MAX`.
+pub const FILTER_LABEL_TOKENS_MAX: usize = 4;
+/// Destination ports of a filter rule. `LIM_FILTER_PORTS_MAX`.
+pub const FILTER_PORTS_MAX: usize = 8;
+/// Source prefixes of a filter rule. `LIM_FILTER_SOURCES_MAX`.
+pub const FILTER_SOURCES_MAX: usize = 8;
+/// `round(ln 2 · 2^16)`: the filter scores' `ln_q16` turns a Q16 log2 into a Q16 ln with it.
+/// `LIM_LN2_Q16`.
+pub const LN2_Q16: i64 = 45426;

@@ -2,9 +2,10 @@
 //! [`sampling`]), whole generations inside the kernel ([`in_kernel`]), generations started by
 //! a datagram ([`event`]), tokenizing in the kernel with the model's arena ([`tokenize`]), and a
 //! model installed in the kernel that answers datagrams on its own ([`serve`], its datagrams in
-//! [`wire`]).
+//! [`wire`]), and the packet filter's rule and classifier ([`filter`]).
 
 pub mod event;
+pub mod filter;
 pub mod generate;
 pub mod in_kernel;
 pub mod sampling;
