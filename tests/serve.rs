@@ -9,6 +9,7 @@
 
 mod common;
 
+use common::netns::{in_netns, native_xdp, Veth};
 use common::serve::{
     eventually, install_in_process, options, reference, text_of, wire, Client, Installation, CTX,
 };
@@ -405,25 +406,6 @@ fn ask_prints_the_text_and_gives_up_when_nothing_answers() {
     assert_eq!(out, text_of(&tok, &ids, stopped), "ask's stdout");
 }
 
-/// A network namespace with a veth pair to it, deleted (with the pair) when dropped.
-struct Netns(&'static str);
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip").args(["netns", "del", self.0]).output();
-    }
-}
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Attaches a program that passes every frame (`r0 = XDP_PASS; exit`) to `dev` in namespace
 /// `ns`, in native mode. A veth delivers the frames its peer sends with XDP_TX only when it
 /// has an XDP program of its own (its NAPI and XDP ring exist only then).
@@ -464,64 +446,30 @@ fn attach_pass_program(ns: &str, dev: &str) {
     unsafe { libc::close(fd) };
 }
 
-/// Runs `f` on a thread inside network namespace `ns`.
-fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
-    use std::os::fd::AsRawFd;
-    let file = std::fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            // SAFETY: setns on this thread only, with an open namespace file.
-            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
-            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
-            f()
-        })
-        .join()
-        .unwrap()
-    })
-}
-
 #[test]
 fn on_a_veth_pair_in_native_mode_a_client_in_a_namespace_is_answered() {
     let _serial = serial();
     let dir = common::tiny_model_with_tokenizer("serve");
     let tok = Tokenizer::from_model_dir(&dir).unwrap();
-    let (ns, host, peer) = ("qbpf-serve-test", "qbs-h", "qbs-n");
-    let _ = Command::new("ip").args(["netns", "del", ns]).output(); // left by a killed run
-    ip(&["netns", "add", ns]);
-    let _netns = Netns(ns);
-    ip(&[
-        "link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns,
-    ]);
-    ip(&["addr", "add", "10.203.0.1/24", "dev", host]);
-    ip(&["link", "set", host, "up"]);
-    ip(&["-n", ns, "addr", "add", "10.203.0.2/24", "dev", peer]);
-    ip(&["-n", ns, "link", "set", peer, "up"]);
-    ip(&["-n", ns, "link", "set", "lo", "up"]);
+    let veth = Veth::new("qbpf-serve-test", "qbs-h", "qbs-n", [10, 203, 0]);
+    let (ns, host, peer) = (veth.ns, veth.host, veth.peer);
     attach_pass_program(ns, peer);
     let (name, port) = ("test-serve-veth", 47_305u16);
     let _cleanup = Installation::new(name);
     let cfg = InstallConfig {
         xdp_mode: XdpMode::Native,
         stop_tokens: tok.eos_ids(),
-        ..InstallConfig::on_interface(host, port, vec![Ipv4Addr::new(10, 203, 0, 2)])
+        ..InstallConfig::on_interface(host, port, vec![veth.peer_addr])
     };
     install_in_process(&dir, name, 2, CTX, &cfg);
-    let link = Command::new("ip")
-        .args(["link", "show", host])
-        .output()
-        .unwrap();
-    let link = String::from_utf8_lossy(&link.stdout);
-    assert!(
-        link.contains(" xdp ") && !link.contains("xdpgeneric"),
-        "attached in native mode: {link}"
-    );
+    assert!(native_xdp(host), "attached in native mode");
     let prompt_text = "The old lighthouse keeper";
     let prompt = tok.encode(prompt_text).unwrap();
     let (ids, stopped) = reference(&dir, &prompt, 16, &tok.eos_ids());
     let want = text_of(&tok, &ids, stopped);
-    let server: SocketAddr = (Ipv4Addr::new(10, 203, 0, 1), port).into();
+    let server: SocketAddr = (veth.host_addr, port).into();
     let (text, fin) = in_netns(ns, || {
-        Client::new("10.203.0.2:0", server).generate(9, 16, &prompt)
+        Client::new(&format!("{}:0", veth.peer_addr), server).generate(9, 16, &prompt)
     });
     assert_eq!(String::from_utf8(text).unwrap(), want);
     assert_eq!(fin[6], ids.len() as u32);
@@ -529,7 +477,12 @@ fn on_a_veth_pair_in_native_mode_a_client_in_a_namespace_is_answered() {
     let out = run(Command::new("ip")
         .args(["netns", "exec", ns])
         .arg(common::example_bin("ask"))
-        .args(["--host", "10.203.0.1", "--port", &port.to_string()])
+        .args([
+            "--host",
+            &veth.host_addr.to_string(),
+            "--port",
+            &port.to_string(),
+        ])
         .args(["--max-tokens", "16", "--model"])
         .arg(&dir)
         .arg(prompt_text));

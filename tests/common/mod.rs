@@ -21,6 +21,7 @@ use qwen_bpf::{Config, Model, ModelOptions};
 mod rng;
 #[allow(unused_imports)] // not every test uses it
 pub use rng::Rng;
+pub mod netns;
 pub mod safety;
 pub mod serve;
 

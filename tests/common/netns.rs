@@ -1,0 +1,121 @@
+//! A network namespace with a veth pair into it, for the tests and benches that need a real link
+//! (native XDP on a veth end): [`Veth::new`] makes it, dropping it deletes both, so that a failing
+//! test leaves no namespace or link behind. Included by tests/common/mod.rs and, through
+//! `#[path]`, by benches.
+#![allow(dead_code)]
+
+use std::net::Ipv4Addr;
+use std::process::Command;
+
+/// Runs `ip ARGS`, panicking with its stderr when it fails.
+pub fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Namespace `ns` with a veth pair: `host` in this namespace with `a.b.c.1/24`, `peer` in `ns`
+/// with `a.b.c.2/24` (and `ns`'s `lo` up). Deleted, with the pair, when dropped.
+pub struct Veth {
+    /// The namespace.
+    pub ns: &'static str,
+    /// The end in the caller's namespace.
+    pub host: &'static str,
+    /// The end in `ns`.
+    pub peer: &'static str,
+    /// `host`'s address.
+    pub host_addr: Ipv4Addr,
+    /// `peer`'s address.
+    pub peer_addr: Ipv4Addr,
+}
+
+impl Veth {
+    /// Makes the namespace and the pair (any left by a killed run are deleted first).
+    pub fn new(ns: &'static str, host: &'static str, peer: &'static str, net: [u8; 3]) -> Veth {
+        let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        let _ = Command::new("ip").args(["link", "del", host]).output();
+        ip(&["netns", "add", ns]);
+        // from here on, a panic deletes what was made
+        let v = Veth {
+            ns,
+            host,
+            peer,
+            host_addr: Ipv4Addr::new(net[0], net[1], net[2], 1),
+            peer_addr: Ipv4Addr::new(net[0], net[1], net[2], 2),
+        };
+        ip(&[
+            "link", "add", host, "type", "veth", "peer", "name", peer, "netns", ns,
+        ]);
+        ip(&["addr", "add", &format!("{}/24", v.host_addr), "dev", host]);
+        ip(&["link", "set", host, "up"]);
+        ip(&[
+            "-n",
+            ns,
+            "addr",
+            "add",
+            &format!("{}/24", v.peer_addr),
+            "dev",
+            peer,
+        ]);
+        ip(&["-n", ns, "link", "set", peer, "up"]);
+        ip(&["-n", ns, "link", "set", "lo", "up"]);
+        v
+    }
+
+    /// Runs `f` on a thread inside the namespace.
+    pub fn run<T: Send>(&self, f: impl FnOnce() -> T + Send) -> T {
+        in_netns(self.ns, f)
+    }
+}
+
+impl Drop for Veth {
+    fn drop(&mut self) {
+        // deleting the namespace deletes `peer`, and so the pair; `host` too, in case
+        let _ = Command::new("ip").args(["netns", "del", self.ns]).output();
+        let _ = Command::new("ip").args(["link", "del", self.host]).output();
+    }
+}
+
+/// Whether link `dev` exists in this namespace.
+pub fn link_exists(dev: &str) -> bool {
+    Command::new("ip")
+        .args(["link", "show", dev])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// Whether namespace `ns` exists.
+pub fn netns_exists(ns: &str) -> bool {
+    std::path::Path::new("/var/run/netns").join(ns).exists()
+}
+
+/// Runs `f` on a thread inside network namespace `ns`.
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> T + Send) -> T {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::File::open(format!("/var/run/netns/{ns}")).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            // SAFETY: setns on this thread only, with an open namespace file.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+            f()
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// Whether `dev` has an XDP program attached in native (driver) mode, per `ip link show`.
+pub fn native_xdp(dev: &str) -> bool {
+    let out = Command::new("ip")
+        .args(["link", "show", dev])
+        .output()
+        .unwrap();
+    let link = String::from_utf8_lossy(&out.stdout);
+    link.contains(" xdp ") && !link.contains("xdpgeneric")
+}
