@@ -88,6 +88,9 @@ pub use model::kv::saved_position;
 pub use model::{KernelMemory, Model, ModelOptions};
 pub use run::event::{request_datagram, Event, EventConfig, EventCounters, EventServer, Refusal};
 pub use run::filter::classify::{Filter, Verdict};
+pub use run::filter::install::{
+    FilterInstall, FilterStatus, InstalledFilter, LabelStatus, VerdictRecord,
+};
 pub use run::filter::rule::{
     payload_text, Action, CompiledRule, FilterRule, Ipv4Prefix, Label, Policy, Protocol,
 };

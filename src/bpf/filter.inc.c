@@ -38,8 +38,10 @@
 #define FLT_PORTS_MAX 8
 #define FLT_SOURCES_MAX 8
 #define FLT_SUFFIX_MAX 512       /* tokens of the template after the payload */
-#define FLT_STEPS_MAX 32         /* label steps: FLT_LABELS_MAX * (FLT_LABEL_TOKENS_MAX - 1) */
+#define FLT_STEPS_MAX 32         /* label steps: at least FLT_LABELS_MAX * (FLT_LABEL_TOKENS_MAX - 1),
+				  * a power of two */
 #define FLT_FLOWS 65536          /* entries of the flow table (LRU) */
+#define FLT_NAME_MAX 32          /* bytes of a label's name */
 #define FLT_EXCERPT 64           /* payload bytes a verdict record carries */
 #define LN2_Q16 45426            /* ln 2 in Q16, rounded */
 #define FLT_LSE_NONE ((s64)(1ULL << 63)) /* flt_lse: a pass was cut short */
@@ -88,6 +90,7 @@ struct flt_config {
 					 * label's first, label by label */
 	u32 steps[FLT_STEPS_MAX];
 	u32 suffix[FLT_SUFFIX_MAX];
+	char names[FLT_LABELS_MAX][FLT_NAME_MAX]; /* the labels' names, for `filter status` */
 };
 struct flt_config flt_cfg;
 

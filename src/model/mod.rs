@@ -70,6 +70,8 @@ pub struct Model {
     pub(crate) events: Vec<(Buffers, std::sync::Arc<Plan>)>,
     /// Whether the event path's workqueue items have been initialised.
     pub(crate) events_ready: bool,
+    /// The filter's workqueue items are initialised (`flt_setup` ran).
+    pub(crate) filter_ready: bool,
 }
 
 impl std::fmt::Debug for Model {

@@ -215,6 +215,7 @@ impl Model {
             tok: None,
             events: Vec::new(),
             events_ready: false,
+            filter_ready: false,
         })
         .and_then(|mut m| {
             if plannable {

@@ -363,46 +363,7 @@ impl Model {
                 expected: "at least 1",
             });
         }
-        let vocab = if self.vocab_loaded {
-            self.ops.addr_of(self.b.vocab)
-        } else {
-            0
-        };
-        let mut templates = Vec::new();
-        for (i, (b, plan)) in self.events.iter_mut().enumerate() {
-            b.kv.ensure(&mut self.ops.arena, self.max_context);
-            templates.push(crate::kernel::ops::GenArgs {
-                run: crate::kernel::ops::RunPlanArgs {
-                    plan: self.ops.arena.addr(b.plan),
-                    n_entries: plan.entries.len() as u32,
-                    n_threads: 1,
-                    lane: i as u32,
-                    ..Default::default()
-                },
-                prompt: self.ops.arena.addr(b.prompt),
-                vocab,
-                budget_ns: crate::run::in_kernel::BUDGET.as_nanos() as u64,
-                max_ctx: self.max_context as u32,
-                head_parts: 1,
-                n_stops: cfg.stop_tokens.len() as u32,
-                stops,
-                text: text.map_or(0, |_| self.ops.arena.addr(b.text)),
-                text_cap: text.map_or(0, |t| t.min(b.text.len() as u32)),
-                quiet: text.is_some() as u32,
-                // greedy until a request sets its parameters and seed (event.inc.c); the
-                // context's own logits, counts and histogram
-                sample: crate::kernel::ops::sample_args(
-                    &crate::SamplingParams::greedy().to_fixed()?,
-                    self.ops.arena.addr(b.logits),
-                    self.cfg.vocab_size as u32,
-                    self.ops.arena.addr(b.counts),
-                    self.ops.arena.addr(b.hist),
-                    self.ops.arena.addr(b.exp2),
-                    0,
-                ),
-                ..Default::default()
-            });
-        }
+        let templates = self.slot_templates(stops, cfg.stop_tokens.len() as u32, text)?;
         let mut sources = [0u32; SOURCES_MAX];
         for (s, a) in sources.iter_mut().zip(&cfg.sources) {
             *s = u32::from_ne_bytes(a.octets());
@@ -426,6 +387,59 @@ impl Model {
             ..Default::default()
         };
         Ok((ev, templates))
+    }
+
+    /// Each event slot's generation template: its context's plan, prompt, KV, logits and
+    /// sampler buffers, `n_stops` of `stops`, greedy; with `text`, the slot keeps its text in
+    /// its reply buffer (up to that many bytes) and writes no ring-buffer records. Commits
+    /// every slot's KV cache in full.
+    pub(crate) fn slot_templates(
+        &mut self,
+        stops: [u32; crate::run::in_kernel::STOPS_MAX],
+        n_stops: u32,
+        text: Option<u32>,
+    ) -> Result<Vec<crate::kernel::ops::GenArgs>> {
+        let vocab = if self.vocab_loaded {
+        self.ops.addr_of(self.b.vocab)
+    } else {
+        0
+    };
+    let mut templates = Vec::new();
+    for (i, (b, plan)) in self.events.iter_mut().enumerate() {
+        b.kv.ensure(&mut self.ops.arena, self.max_context);
+        templates.push(crate::kernel::ops::GenArgs {
+            run: crate::kernel::ops::RunPlanArgs {
+                plan: self.ops.arena.addr(b.plan),
+                n_entries: plan.entries.len() as u32,
+                n_threads: 1,
+                lane: i as u32,
+                ..Default::default()
+            },
+            prompt: self.ops.arena.addr(b.prompt),
+            vocab,
+            budget_ns: crate::run::in_kernel::BUDGET.as_nanos() as u64,
+            max_ctx: self.max_context as u32,
+            head_parts: 1,
+            n_stops,
+            stops,
+            text: text.map_or(0, |_| self.ops.arena.addr(b.text)),
+            text_cap: text.map_or(0, |t| t.min(b.text.len() as u32)),
+            quiet: text.is_some() as u32,
+            // greedy until a request sets its parameters and seed (event.inc.c); the
+            // context's own logits, counts and histogram
+            sample: crate::kernel::ops::sample_args(
+                &crate::SamplingParams::greedy().to_fixed()?,
+                self.ops.arena.addr(b.logits),
+                self.cfg.vocab_size as u32,
+                self.ops.arena.addr(b.counts),
+                self.ops.arena.addr(b.hist),
+                self.ops.arena.addr(b.exp2),
+                0,
+            ),
+            ..Default::default()
+        });
+    }
+        Ok(templates)
     }
 
     /// Waits up to `timeout_ms` for ring-buffer records.

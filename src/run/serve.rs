@@ -77,7 +77,7 @@ pub fn pin_dir(name: &str) -> PathBuf {
     Path::new(BPFFS).join(PIN_ROOT).join(name)
 }
 
-fn check_name(name: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name != "."
@@ -305,7 +305,7 @@ impl std::fmt::Display for InstallStatus {
 }
 
 /// The pin directory of the model installed as `name`: [`Error::NotInstalled`] if there is none.
-fn installed_dir(name: &str) -> Result<PathBuf> {
+pub(crate) fn installed_dir(name: &str) -> Result<PathBuf> {
     check_name(name)?;
     let dir = pin_dir(name);
     if !dir.is_dir() {

@@ -74,6 +74,8 @@ pub struct Filter {
     tab: [u32; 257],
     /// The prefix's tokens: positions `0..prefix_len` hold its KV.
     prefix_len: usize,
+    /// The kernel side is set up for the rule (`Model::filter_setup`, run/filter/install.rs).
+    pub(super) kernel_ready: bool,
 }
 
 impl fmt::Debug for Filter {
@@ -117,6 +119,7 @@ impl Filter {
             tok: tok.clone(),
             tab: exp2_table(),
             prefix_len,
+            kernel_ready: false,
         };
         f.feed_prefix()?;
         Ok(f)

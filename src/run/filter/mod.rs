@@ -3,4 +3,5 @@
 //! twin the in-kernel filter computes the same scores as.
 
 pub mod classify;
+pub mod install;
 pub mod rule;
