@@ -217,10 +217,10 @@ impl Serialize for Ipv4Prefix {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Label {
-    /// Its name, printed with verdicts: 1..=[`LABEL_NAME_MAX`] bytes, no whitespace or control
+    /// Its name, printed with verdicts: 1..=32 (`LABEL_NAME_MAX`) bytes, no whitespace or control
     /// characters, unique in the rule.
     pub name: String,
-    /// The answer's text, scored after the prompt: 1..=[`FILTER_LABEL_TOKENS_MAX`] tokens.
+    /// The answer's text, scored after the prompt: 1..=4 (`FILTER_LABEL_TOKENS_MAX`) tokens.
     pub text: String,
     /// What its packets get.
     pub action: Action,
@@ -236,19 +236,19 @@ pub struct FilterRule {
     pub interface: String,
     /// UDP or TCP.
     pub protocol: Protocol,
-    /// Destination ports classified: 1..=[`FILTER_PORTS_MAX`], non-zero, distinct.
+    /// Destination ports classified: 1..=8 (`FILTER_PORTS_MAX`), non-zero, distinct.
     pub ports: Vec<u16>,
-    /// Sources classified: 0..=[`FILTER_SOURCES_MAX`] distinct prefixes; none (or absent) is any.
+    /// Sources classified: 0..=8 (`FILTER_SOURCES_MAX`) distinct prefixes; none (or absent) is any.
     #[serde(default)]
     pub sources: Vec<Ipv4Prefix>,
-    /// Payload bytes read: 1..=[`FILTER_BYTES_MAX`].
+    /// Payload bytes read: 1..=1024 (`FILTER_BYTES_MAX`).
     pub bytes: usize,
     /// Cut the text at its first `\r` or `\n` (default false).
     #[serde(default)]
     pub first_line: bool,
     /// The prompt, with exactly one `{payload}` where the payload's text goes.
     pub template: String,
-    /// 2..=[`FILTER_LABELS_MAX`] labels.
+    /// 2..=8 (`FILTER_LABELS_MAX`) labels.
     pub labels: Vec<Label>,
     /// The least lead, in nats, of the best label's score over the second's (default 0: off).
     #[serde(default)]
@@ -265,10 +265,10 @@ pub struct FilterRule {
     /// A new flow that finds every classification slot busy (default pass).
     #[serde(default)]
     pub overflow: Policy,
-    /// Seconds a flow's verdict is kept: 1..=[`TTL_MAX`] (default 300).
+    /// Seconds a flow's verdict is kept: 1..=86,400 (`TTL_MAX`) (default 300).
     #[serde(default = "default_ttl")]
     pub ttl_seconds: u32,
-    /// Flows tracked at once (LRU): 1..=[`FLOWS_MAX`] (default 65,536).
+    /// Flows tracked at once (LRU): 1..=1,048,576 (`FLOWS_MAX`) (default 65,536).
     #[serde(default = "default_flows")]
     pub flows: u32,
     /// Classifications run at once: 1..=8, the event path's slots (default 2).
@@ -458,7 +458,7 @@ impl FilterRule {
     /// Validates the rule and tokenizes it with `tok` (`Tokenizer::encode`: no special token
     /// added, added tokens such as `<|im_start|>` recognised): the template's text before and
     /// after `{payload}`, and every label's text. A label of no token or more than
-    /// [`FILTER_LABEL_TOKENS_MAX`], or a template ending in `{payload}` (whose suffix has no
+    /// 4 (`FILTER_LABEL_TOKENS_MAX`), or a template ending in `{payload}` (whose suffix has no
     /// token, so that an empty payload would leave nothing to score after), is [`Error::Rule`].
     pub fn compile(&self, tok: &Tokenizer) -> Result<CompiledRule> {
         self.validate()?;
@@ -506,7 +506,7 @@ impl FilterRule {
     }
 }
 
-/// `round(v · 2^16)`: nats in Q16 (|v| ≤ [`NATS_MAX`] in a validated rule).
+/// `round(v · 2^16)`: nats in Q16 (|v| ≤ 10^6 (`NATS_MAX`) in a validated rule).
 fn nats_q16(v: f64) -> i64 {
     (v * 65536.0).round() as i64
 }
@@ -540,7 +540,7 @@ impl CompiledRule {
         &self.suffix
     }
 
-    /// Every label's tokens (1..=[`FILTER_LABEL_TOKENS_MAX`] each), in the rule's order.
+    /// Every label's tokens (1..=4 (`FILTER_LABEL_TOKENS_MAX`) each), in the rule's order.
     pub fn labels(&self) -> &[Vec<u32>] {
         &self.labels
     }
@@ -560,7 +560,7 @@ impl CompiledRule {
         self.fallback
     }
 
-    /// The most tokens a payload's text can become: [`TOKENS_PER_BYTE_MAX`] per byte read.
+    /// The most tokens a payload's text can become: 3 (`TOKENS_PER_BYTE_MAX`) per byte read.
     pub fn text_tokens_max(&self) -> usize {
         TOKENS_PER_BYTE_MAX * self.rule.bytes
     }
