@@ -107,8 +107,8 @@ named!(Action, "label action", [Pass = "pass", Drop = "drop", Count = "count"]);
 named!(Policy, "policy (pending, overflow)", [Pass = "pass", Drop = "drop"]);
 
 /// An IPv4 prefix, `a.b.c.d/len` (`a.b.c.d` alone is a /32). Host bits set below the prefix
-/// length are refused (`10.1.2.3/8` is most likely a typo for one of two different things),
-/// naming the network meant.
+/// length are refused rather than masked: `10.1.2.3/8` may mean the host or the network, so
+/// the error names the network, `10.0.0.0/8`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(try_from = "String")]
 pub struct Ipv4Prefix {
@@ -141,14 +141,9 @@ impl Ipv4Prefix {
         self.addr
     }
 
-    /// The prefix length, 0..=32.
-    pub fn len(&self) -> u8 {
+    /// The prefix length, 0..=32 (0: every address).
+    pub fn prefix_len(&self) -> u8 {
         self.len
-    }
-
-    /// Whether this is `0.0.0.0/0`, every address.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The mask as a host-order number (`/8` is `0xff00_0000`).
@@ -640,14 +635,14 @@ mod tests {
     #[test]
     fn prefixes_parse_mask_and_refuse_host_bits() {
         let p: Ipv4Prefix = "10.0.0.0/8".parse().unwrap();
-        assert_eq!((p.addr(), p.len(), p.mask()), (Ipv4Addr::new(10, 0, 0, 0), 8, 0xff00_0000));
+        assert_eq!((p.addr(), p.prefix_len(), p.mask()), (Ipv4Addr::new(10, 0, 0, 0), 8, 0xff00_0000));
         assert_eq!(p.addr_be().to_ne_bytes(), [10, 0, 0, 0]);
         assert_eq!(p.mask_be().to_ne_bytes(), [255, 0, 0, 0]);
         assert!(p.contains(Ipv4Addr::new(10, 9, 8, 7)) && !p.contains(Ipv4Addr::new(11, 0, 0, 0)));
         let host: Ipv4Prefix = "127.0.0.1".parse().unwrap();
-        assert_eq!((host.len(), host.mask()), (32, u32::MAX));
+        assert_eq!((host.prefix_len(), host.mask()), (32, u32::MAX));
         let any: Ipv4Prefix = "0.0.0.0/0".parse().unwrap();
-        assert!(any.is_empty() && any.contains(Ipv4Addr::new(1, 2, 3, 4)) && any.mask() == 0);
+        assert!(any.prefix_len() == 0 && any.contains(Ipv4Addr::new(1, 2, 3, 4)) && any.mask() == 0);
         assert_eq!(p.to_string(), "10.0.0.0/8");
         let e = "10.1.2.3/8".parse::<Ipv4Prefix>().unwrap_err().to_string();
         assert!(e.contains("host bits") && e.contains("10.0.0.0/8"), "{e}");
