@@ -67,7 +67,7 @@ fn the_example_rule_parses_with_its_defaults_and_compiles_into_its_parts_tokens(
     assert_eq!(r.ports, [80]);
     assert_eq!(r.sources.len(), 1);
     assert_eq!(r.sources[0].addr(), Ipv4Addr::new(10, 0, 0, 0));
-    assert_eq!(r.sources[0].len(), 8);
+    assert_eq!(r.sources[0].prefix_len(), 8);
     assert!(r.sources[0].contains(Ipv4Addr::new(10, 1, 2, 3)));
     assert_eq!(r.labels[1].action, Action::Drop);
     // the defaults of every optional field
