@@ -28,8 +28,6 @@ pub const LABEL_NAME_MAX: usize = 32;
 pub const INTERFACE_MAX: usize = 15;
 /// The longest flow lifetime, in seconds (a day).
 pub const TTL_MAX: u32 = 86_400;
-/// The most flows a rule tracks at once (its LRU map's entries).
-pub const FLOWS_MAX: u32 = 1 << 20;
 /// The largest `margin` and `|threshold|`, in nats.
 pub const NATS_MAX: f64 = 1e6;
 /// How many tokens one byte of payload text may become at most: Unicode NFC, which the Qwen3
@@ -41,7 +39,8 @@ pub const TOKENS_PER_BYTE_MAX: usize = 3;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", try_from = "String")]
 pub enum Protocol {
-    /// UDP: each datagram's payload is classified.
+    /// UDP: a flow's first datagram with a payload is classified; its verdict applies to the
+    /// flow's later datagrams.
     Udp,
     /// TCP: the first segment of a flow that carries data is classified.
     Tcp,
@@ -263,9 +262,6 @@ pub struct FilterRule {
     /// Seconds a flow's verdict is kept: 1..=86,400 (`TTL_MAX`) (default 300).
     #[serde(default = "default_ttl")]
     pub ttl_seconds: u32,
-    /// Flows tracked at once (LRU): 1..=1,048,576 (`FLOWS_MAX`) (default 65,536).
-    #[serde(default = "default_flows")]
-    pub flows: u32,
     /// Classifications run at once: 1..=8, the event path's slots (default 2).
     #[serde(default = "default_slots")]
     pub slots: u32,
@@ -273,9 +269,6 @@ pub struct FilterRule {
 
 fn default_ttl() -> u32 {
     300
-}
-fn default_flows() -> u32 {
-    65_536
 }
 fn default_slots() -> u32 {
     2
@@ -383,7 +376,6 @@ impl FilterRule {
         }
         let ranges = [
             ("ttl_seconds", self.ttl_seconds, TTL_MAX),
-            ("flows", self.flows, FLOWS_MAX),
             ("slots", self.slots, SLOTS_MAX as u32),
         ];
         for (field, v, max) in ranges {
