@@ -30,7 +30,6 @@ fn example() -> Value {
       "pending": "pass",
       "overflow": "pass",
       "ttl_seconds": 300,
-      "flows": 65536,
       "slots": 2
     })
 }
@@ -67,7 +66,7 @@ fn the_example_rule_parses_with_its_defaults_and_compiles_into_its_parts_tokens(
     assert_eq!(r.ports, [80]);
     assert_eq!(r.sources.len(), 1);
     assert_eq!(r.sources[0].addr(), Ipv4Addr::new(10, 0, 0, 0));
-    assert_eq!(r.sources[0].len(), 8);
+    assert_eq!(r.sources[0].prefix_len(), 8);
     assert!(r.sources[0].contains(Ipv4Addr::new(10, 1, 2, 3)));
     assert_eq!(r.labels[1].action, Action::Drop);
     // the defaults of every optional field
@@ -87,10 +86,7 @@ fn the_example_rule_parses_with_its_defaults_and_compiles_into_its_parts_tokens(
         (minimal.pending, minimal.overflow),
         (Policy::Pass, Policy::Pass)
     );
-    assert_eq!(
-        (minimal.ttl_seconds, minimal.flows, minimal.slots),
-        (300, 65_536, 2)
-    );
+    assert_eq!((minimal.ttl_seconds, minimal.slots), (300, 2));
     // a rule written back as JSON reads back the same
     let text = serde_json::to_string(&r).unwrap();
     assert_eq!(FilterRule::from_json(&text).unwrap(), r);
@@ -208,9 +204,9 @@ fn every_bad_field_is_refused_with_its_name_and_range() {
         ("ttl_seconds", &["86401", "1..=86400"], |v| {
             v["ttl_seconds"] = json!(86_401)
         }),
-        ("flows", &["0", "1..=1048576"], |v| v["flows"] = json!(0)),
-        ("flows", &["1048577", "1..=1048576"], |v| {
-            v["flows"] = json!(1_048_577)
+        // the flow table's size is the kernel's (65,536 flows), not a rule's
+        ("JSON", &["unknown field `flows`"], |v| {
+            v["flows"] = json!(65_536)
         }),
         ("slots", &["0", "1..=8"], |v| v["slots"] = json!(0)),
         ("slots", &["9", "1..=8"], |v| v["slots"] = json!(9)),

@@ -103,6 +103,24 @@ fn limits_agree_between_limits_h_and_limits_rs() {
         ],
         "the tokenizer's limits: src/bpf/limits.h vs src/num/limits.rs"
     );
+    assert_eq!(
+        [
+            f.filter_bytes_max,
+            f.filter_labels_max,
+            f.filter_label_tokens_max,
+            f.filter_ports_max,
+            f.filter_sources_max,
+        ]
+        .map(|v| v as usize),
+        [
+            limits::FILTER_BYTES_MAX,
+            limits::FILTER_LABELS_MAX,
+            limits::FILTER_LABEL_TOKENS_MAX,
+            limits::FILTER_PORTS_MAX,
+            limits::FILTER_SOURCES_MAX,
+        ],
+        "the filter's limits: src/bpf/limits.h vs src/num/limits.rs"
+    );
     // The twins' own bounds are the same table (kv8.inc.c's is checked by a _Static_assert).
     assert_eq!(qwen_bpf::num::swar::K_MAX, limits::COLS_MAX);
     assert_eq!(qwen_bpf::num::swar::GROUP, limits::SWAR_COLS_ALIGN);

@@ -32,11 +32,11 @@
 #pragma once
 
 #define FLT_SLOTS_MAX EV_SLOTS_MAX
-#define FLT_BYTES_MAX 1024       /* payload bytes one classification reads */
-#define FLT_LABELS_MAX 8
-#define FLT_LABEL_TOKENS_MAX 4
-#define FLT_PORTS_MAX 8
-#define FLT_SOURCES_MAX 8
+#define FLT_BYTES_MAX LIM_FILTER_BYTES_MAX /* payload bytes one classification reads */
+#define FLT_LABELS_MAX LIM_FILTER_LABELS_MAX
+#define FLT_LABEL_TOKENS_MAX LIM_FILTER_LABEL_TOKENS_MAX
+#define FLT_PORTS_MAX LIM_FILTER_PORTS_MAX
+#define FLT_SOURCES_MAX LIM_FILTER_SOURCES_MAX
 #define FLT_SUFFIX_MAX 512       /* tokens of the template after the payload */
 #define FLT_STEPS_MAX 32         /* label steps: at least FLT_LABELS_MAX * (FLT_LABEL_TOKENS_MAX - 1),
 				  * a power of two */

@@ -31,3 +31,10 @@
 #define LIM_TOK_MARKS_MAX 4096  /* non-starters in a row (canonical reordering's insertion sort) */
 #define LIM_TOK_ADDED_MAX 4096  /* added tokens */
 #define LIM_TOK_ADDED_LEN 256   /* bytes of one added token */
+
+/* The packet filter (filter.inc.c, src/run/filter): what one rule may ask for. */
+#define LIM_FILTER_BYTES_MAX 1024      /* payload bytes one classification reads */
+#define LIM_FILTER_LABELS_MAX 8        /* labels of a rule */
+#define LIM_FILTER_LABEL_TOKENS_MAX 4  /* tokens of one label */
+#define LIM_FILTER_PORTS_MAX 8         /* destination ports of a rule */
+#define LIM_FILTER_SOURCES_MAX 8       /* source prefixes of a rule */

@@ -36,7 +36,9 @@ struct formats_args {
 	u32 vocab_max, sample_buckets, sample_temp_min, sample_temp_max, sample_rep_min;
 	u32 sample_rep_max, sample_pen_max;
 	u32 tok_text_max, tok_ids_max, tok_cp_max, tok_word_max, tok_marks_max, tok_added_max;
-	u32 tok_added_len, pad2;
+	u32 tok_added_len;
+	u32 filter_bytes_max, filter_labels_max, filter_label_tokens_max, filter_ports_max;
+	u32 filter_sources_max;
 };
 
 /* Reports fixed.h's and limits.h's constants, so that a test can compare them with src/fixed.rs
@@ -78,6 +80,11 @@ int formats(struct formats_args *a)
 	a->tok_marks_max = LIM_TOK_MARKS_MAX;
 	a->tok_added_max = LIM_TOK_ADDED_MAX;
 	a->tok_added_len = LIM_TOK_ADDED_LEN;
+	a->filter_bytes_max = LIM_FILTER_BYTES_MAX;
+	a->filter_labels_max = LIM_FILTER_LABELS_MAX;
+	a->filter_label_tokens_max = LIM_FILTER_LABEL_TOKENS_MAX;
+	a->filter_ports_max = LIM_FILTER_PORTS_MAX;
+	a->filter_sources_max = LIM_FILTER_SOURCES_MAX;
 	return 0;
 }
 

@@ -20,16 +20,10 @@ pub(crate) use super::ops::skel::types::flt_label as FilterLabel;
 /// The ctx of `filter_classify` (`struct flt_run_args`).
 pub(crate) use super::ops::skel::types::flt_run_args as FilterRunArgs;
 
-/// Payload bytes one classification reads (`FLT_BYTES_MAX`).
-pub const BYTES_MAX: usize = 1024;
-/// Labels of one rule (`FLT_LABELS_MAX`).
-pub const LABELS_MAX: usize = 8;
-/// Tokens of one label (`FLT_LABEL_TOKENS_MAX`).
-pub const LABEL_TOKENS_MAX: usize = 4;
-/// Destination ports of one rule (`FLT_PORTS_MAX`).
-pub const PORTS_MAX: usize = 8;
-/// Source prefixes of one rule (`FLT_SOURCES_MAX`).
-pub const SOURCES_MAX: usize = 8;
+pub use crate::num::limits::{
+    FILTER_BYTES_MAX as BYTES_MAX, FILTER_LABELS_MAX as LABELS_MAX,
+    FILTER_LABEL_TOKENS_MAX as LABEL_TOKENS_MAX,
+};
 /// Tokens of the template after the payload (`FLT_SUFFIX_MAX`).
 pub const SUFFIX_MAX: usize = 512;
 /// Entries of the flow table (`FLT_FLOWS`), least recently used evicted first.

@@ -322,6 +322,11 @@ impl Installed {
     /// [`Error::LostPin`] if one of its pins is missing.
     pub fn open(name: &str) -> Result<Installed> {
         let dir = installed_dir(name)?;
+        if dir.join("flt_xdp").exists() {
+            return Err(Error::Invalid(format!(
+                "{name:?} is an installed packet filter, not a served model (see InstalledFilter)"
+            )));
+        }
         let pins = PinnedEvents::open(&dir)?;
         Ok(Installed {
             name: name.into(),
@@ -330,7 +335,8 @@ impl Installed {
         })
     }
 
-    /// The names installed (empty when the BPF filesystem is not mounted).
+    /// The names installed, served models and packet filters (empty when the BPF filesystem is
+    /// not mounted).
     pub fn list() -> Result<Vec<String>> {
         let root = Path::new(BPFFS).join(PIN_ROOT);
         let Ok(entries) = std::fs::read_dir(&root) else {

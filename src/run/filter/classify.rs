@@ -136,7 +136,7 @@ impl Filter {
 
     /// Classifies `payload` (the L4 payload's bytes): its text ([`payload_text`]) tokenized,
     /// fed after the prefix with the suffix, every label scored (`num::classify`) and the
-    /// decision taken ([`crate::num::classify::decide`]).
+    /// decision taken (`num::classify::decide`).
     pub fn classify(&mut self, payload: &[u8]) -> Result<Verdict> {
         let text = payload_text(self.rule.rule(), payload);
         let mut ids = if text.is_empty() {

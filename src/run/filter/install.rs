@@ -399,6 +399,11 @@ impl InstalledFilter {
     /// [`Error::LostPin`] when a pin is missing.
     pub fn open(name: &str) -> Result<InstalledFilter> {
         let dir = installed_dir(name)?;
+        if dir.join("ev_xdp").exists() {
+            return Err(Error::Invalid(format!(
+                "{name:?} is an installed model serving requests, not a filter (see Installed)"
+            )));
+        }
         let pins = PinnedFilter::open(&dir)?;
         Ok(InstalledFilter {
             name: name.into(),

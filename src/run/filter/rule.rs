@@ -28,8 +28,6 @@ pub const LABEL_NAME_MAX: usize = 32;
 pub const INTERFACE_MAX: usize = 15;
 /// The longest flow lifetime, in seconds (a day).
 pub const TTL_MAX: u32 = 86_400;
-/// The most flows a rule tracks at once (its LRU map's entries).
-pub const FLOWS_MAX: u32 = 1 << 20;
 /// The largest `margin` and `|threshold|`, in nats.
 pub const NATS_MAX: f64 = 1e6;
 /// How many tokens one byte of payload text may become at most: Unicode NFC, which the Qwen3
@@ -41,7 +39,8 @@ pub const TOKENS_PER_BYTE_MAX: usize = 3;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", try_from = "String")]
 pub enum Protocol {
-    /// UDP: each datagram's payload is classified.
+    /// UDP: a flow's first datagram with a payload is classified; its verdict applies to the
+    /// flow's later datagrams.
     Udp,
     /// TCP: the first segment of a flow that carries data is classified.
     Tcp,
@@ -107,8 +106,8 @@ named!(Action, "label action", [Pass = "pass", Drop = "drop", Count = "count"]);
 named!(Policy, "policy (pending, overflow)", [Pass = "pass", Drop = "drop"]);
 
 /// An IPv4 prefix, `a.b.c.d/len` (`a.b.c.d` alone is a /32). Host bits set below the prefix
-/// length are refused (`10.1.2.3/8` is most likely a typo for one of two different things),
-/// naming the network meant.
+/// length are refused rather than masked: `10.1.2.3/8` may mean the host or the network, so
+/// the error names the network, `10.0.0.0/8`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(try_from = "String")]
 pub struct Ipv4Prefix {
@@ -141,14 +140,9 @@ impl Ipv4Prefix {
         self.addr
     }
 
-    /// The prefix length, 0..=32.
-    pub fn len(&self) -> u8 {
+    /// The prefix length, 0..=32 (0: every address).
+    pub fn prefix_len(&self) -> u8 {
         self.len
-    }
-
-    /// Whether this is `0.0.0.0/0`, every address.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// The mask as a host-order number (`/8` is `0xff00_0000`).
@@ -217,10 +211,10 @@ impl Serialize for Ipv4Prefix {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Label {
-    /// Its name, printed with verdicts: 1..=[`LABEL_NAME_MAX`] bytes, no whitespace or control
+    /// Its name, printed with verdicts: 1..=32 (`LABEL_NAME_MAX`) bytes, no whitespace or control
     /// characters, unique in the rule.
     pub name: String,
-    /// The answer's text, scored after the prompt: 1..=[`FILTER_LABEL_TOKENS_MAX`] tokens.
+    /// The answer's text, scored after the prompt: 1..=4 (`FILTER_LABEL_TOKENS_MAX`) tokens.
     pub text: String,
     /// What its packets get.
     pub action: Action,
@@ -236,19 +230,19 @@ pub struct FilterRule {
     pub interface: String,
     /// UDP or TCP.
     pub protocol: Protocol,
-    /// Destination ports classified: 1..=[`FILTER_PORTS_MAX`], non-zero, distinct.
+    /// Destination ports classified: 1..=8 (`FILTER_PORTS_MAX`), non-zero, distinct.
     pub ports: Vec<u16>,
-    /// Sources classified: 0..=[`FILTER_SOURCES_MAX`] distinct prefixes; none (or absent) is any.
+    /// Sources classified: 0..=8 (`FILTER_SOURCES_MAX`) distinct prefixes; none (or absent) is any.
     #[serde(default)]
     pub sources: Vec<Ipv4Prefix>,
-    /// Payload bytes read: 1..=[`FILTER_BYTES_MAX`].
+    /// Payload bytes read: 1..=1024 (`FILTER_BYTES_MAX`).
     pub bytes: usize,
     /// Cut the text at its first `\r` or `\n` (default false).
     #[serde(default)]
     pub first_line: bool,
     /// The prompt, with exactly one `{payload}` where the payload's text goes.
     pub template: String,
-    /// 2..=[`FILTER_LABELS_MAX`] labels.
+    /// 2..=8 (`FILTER_LABELS_MAX`) labels.
     pub labels: Vec<Label>,
     /// The least lead, in nats, of the best label's score over the second's (default 0: off).
     #[serde(default)]
@@ -265,12 +259,9 @@ pub struct FilterRule {
     /// A new flow that finds every classification slot busy (default pass).
     #[serde(default)]
     pub overflow: Policy,
-    /// Seconds a flow's verdict is kept: 1..=[`TTL_MAX`] (default 300).
+    /// Seconds a flow's verdict is kept: 1..=86,400 (`TTL_MAX`) (default 300).
     #[serde(default = "default_ttl")]
     pub ttl_seconds: u32,
-    /// Flows tracked at once (LRU): 1..=[`FLOWS_MAX`] (default 65,536).
-    #[serde(default = "default_flows")]
-    pub flows: u32,
     /// Classifications run at once: 1..=8, the event path's slots (default 2).
     #[serde(default = "default_slots")]
     pub slots: u32,
@@ -278,9 +269,6 @@ pub struct FilterRule {
 
 fn default_ttl() -> u32 {
     300
-}
-fn default_flows() -> u32 {
-    65_536
 }
 fn default_slots() -> u32 {
     2
@@ -388,7 +376,6 @@ impl FilterRule {
         }
         let ranges = [
             ("ttl_seconds", self.ttl_seconds, TTL_MAX),
-            ("flows", self.flows, FLOWS_MAX),
             ("slots", self.slots, SLOTS_MAX as u32),
         ];
         for (field, v, max) in ranges {
@@ -458,7 +445,7 @@ impl FilterRule {
     /// Validates the rule and tokenizes it with `tok` (`Tokenizer::encode`: no special token
     /// added, added tokens such as `<|im_start|>` recognised): the template's text before and
     /// after `{payload}`, and every label's text. A label of no token or more than
-    /// [`FILTER_LABEL_TOKENS_MAX`], or a template ending in `{payload}` (whose suffix has no
+    /// 4 (`FILTER_LABEL_TOKENS_MAX`), or a template ending in `{payload}` (whose suffix has no
     /// token, so that an empty payload would leave nothing to score after), is [`Error::Rule`].
     pub fn compile(&self, tok: &Tokenizer) -> Result<CompiledRule> {
         self.validate()?;
@@ -506,7 +493,7 @@ impl FilterRule {
     }
 }
 
-/// `round(v · 2^16)`: nats in Q16 (|v| ≤ [`NATS_MAX`] in a validated rule).
+/// `round(v · 2^16)`: nats in Q16 (|v| ≤ 10^6 (`NATS_MAX`) in a validated rule).
 fn nats_q16(v: f64) -> i64 {
     (v * 65536.0).round() as i64
 }
@@ -540,7 +527,7 @@ impl CompiledRule {
         &self.suffix
     }
 
-    /// Every label's tokens (1..=[`FILTER_LABEL_TOKENS_MAX`] each), in the rule's order.
+    /// Every label's tokens (1..=4 (`FILTER_LABEL_TOKENS_MAX`) each), in the rule's order.
     pub fn labels(&self) -> &[Vec<u32>] {
         &self.labels
     }
@@ -560,7 +547,7 @@ impl CompiledRule {
         self.fallback
     }
 
-    /// The most tokens a payload's text can become: [`TOKENS_PER_BYTE_MAX`] per byte read.
+    /// The most tokens a payload's text can become: 3 (`TOKENS_PER_BYTE_MAX`) per byte read.
     pub fn text_tokens_max(&self) -> usize {
         TOKENS_PER_BYTE_MAX * self.rule.bytes
     }
@@ -640,14 +627,14 @@ mod tests {
     #[test]
     fn prefixes_parse_mask_and_refuse_host_bits() {
         let p: Ipv4Prefix = "10.0.0.0/8".parse().unwrap();
-        assert_eq!((p.addr(), p.len(), p.mask()), (Ipv4Addr::new(10, 0, 0, 0), 8, 0xff00_0000));
+        assert_eq!((p.addr(), p.prefix_len(), p.mask()), (Ipv4Addr::new(10, 0, 0, 0), 8, 0xff00_0000));
         assert_eq!(p.addr_be().to_ne_bytes(), [10, 0, 0, 0]);
         assert_eq!(p.mask_be().to_ne_bytes(), [255, 0, 0, 0]);
         assert!(p.contains(Ipv4Addr::new(10, 9, 8, 7)) && !p.contains(Ipv4Addr::new(11, 0, 0, 0)));
         let host: Ipv4Prefix = "127.0.0.1".parse().unwrap();
-        assert_eq!((host.len(), host.mask()), (32, u32::MAX));
+        assert_eq!((host.prefix_len(), host.mask()), (32, u32::MAX));
         let any: Ipv4Prefix = "0.0.0.0/0".parse().unwrap();
-        assert!(any.is_empty() && any.contains(Ipv4Addr::new(1, 2, 3, 4)) && any.mask() == 0);
+        assert!(any.prefix_len() == 0 && any.contains(Ipv4Addr::new(1, 2, 3, 4)) && any.mask() == 0);
         assert_eq!(p.to_string(), "10.0.0.0/8");
         let e = "10.1.2.3/8".parse::<Ipv4Prefix>().unwrap_err().to_string();
         assert!(e.contains("host bits") && e.contains("10.0.0.0/8"), "{e}");
