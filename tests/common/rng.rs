@@ -1,6 +1,6 @@
 //! The one deterministic generator of the tests, benches and tools: `tests/common` re-exports it,
-//! `benches/decode.rs`, `benches/swar.rs` and `dev/src/bin/train_tiny.rs` include this file with
-//! `#[path]`.
+//! `benches/decode.rs`, `benches/swar.rs` and `dev/src/lib.rs` (the training tools) include this
+//! file with `#[path]`.
 #![allow(dead_code)]
 
 /// xorshift64* (Vigna): deterministic test data. The state must not be zero.
