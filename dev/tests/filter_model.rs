@@ -83,8 +83,11 @@ fn train_filter_writes_a_model_its_rule_and_honest_data() {
     assert_eq!(rule["pending"], "drop");
     assert_eq!(rule["overflow"], "drop");
     assert_eq!(rule["ttl_seconds"], 300);
-    assert_eq!(rule["flows"], 65536);
     assert_eq!(rule["slots"], 2);
+    // and the library's parser takes it as it is
+    let parsed = qwen_bpf::FilterRule::load(out.join("rule")).expect("the rule parses");
+    let compiled = parsed.compile(&tok).expect("the rule compiles");
+    assert_eq!(compiled.labels().len(), 2);
 
     // The data: both classes in both sets, and no test line in training.
     let train = lines(&out.join("data/train.tsv"));

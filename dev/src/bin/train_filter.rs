@@ -390,7 +390,6 @@ fn rule() -> Value {
         "pending": "drop",
         "overflow": "drop",
         "ttl_seconds": 300,
-        "flows": 65536,
         "slots": 2,
     })
 }
