@@ -341,6 +341,16 @@ fn the_filter_on_a_veth_end_drops_malicious_flows_and_logs_the_user_space_verdic
     })
     .unwrap();
     assert_eq!(log.len(), chosen.len(), "a verdict record per flow");
+    let mut elapsed: Vec<f64> = log
+        .values()
+        .map(|r| r.elapsed.as_secs_f64() * 1e3)
+        .collect();
+    elapsed.sort_by(f64::total_cmp);
+    println!(
+        "packet to verdict: median {:.1} ms, longest {:.1} ms",
+        elapsed[elapsed.len() / 2],
+        elapsed[elapsed.len() - 1]
+    );
     for ((payload, v), e) in chosen.iter().zip(&exchanges) {
         let r = &log[&(veth.peer_addr, e.port)];
         let text = qwen_bpf::payload_text(&rule, payload);
@@ -361,10 +371,10 @@ fn the_filter_on_a_veth_end_drops_malicious_flows_and_logs_the_user_space_verdic
     let per_label: Vec<u64> = s.labels.iter().map(|l| l.flows).collect();
     assert_eq!(per_label, [PER_LABEL as u64; 2]);
     // each flow's first data segment met the pending policy (drop), each malicious flow's
-    // retransmissions its verdict
+    // retransmissions its verdict (at least one in the SILENCE it waited)
     assert!(s.pending >= n, "{s:?}");
     assert!(s.labels[1].packets >= PER_LABEL as u64, "{s:?}");
-    assert!(s.dropped >= s.pending + s.labels[1].packets, "{s:?}");
+    assert!(s.dropped >= n + PER_LABEL as u64, "{s:?}");
     let status = run(Command::new(&bin).args(["status", NAME]));
     println!("{status}");
     assert_eq!(count(&status, "judged,"), n, "flows judged: {status}");
