@@ -34,7 +34,7 @@ const NAME: &str = "test-filter-veth";
 const PORT: u16 = 47_380;
 /// Payloads sent per label.
 const PER_LABEL: usize = 10;
-/// Training steps: fewer than train_filter's default 900 (about 3 minutes); 200 take about a
+/// Training steps: fewer than train_filter's default 400 (about 3 minutes); 200 take about a
 /// minute and reach ~99 % held-out accuracy (the report's is checked).
 const STEPS: &str = "200";
 /// How long a malicious flow's client waits for an answer after its verdict: several of TCP's
