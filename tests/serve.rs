@@ -30,18 +30,6 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
 #[test]
 fn installed_by_a_process_that_exited_it_answers_with_the_per_operator_text_until_removed() {
     let _serial = serial();
@@ -56,21 +44,23 @@ fn installed_by_a_process_that_exited_it_answers_with_the_per_operator_text_unti
     // installed by a child process, which exits
     let bin = common::example_bin("serve");
     let (ctx, cache) = (CTX.to_string(), dir.join("cache-q24"));
-    let out = run(Command::new(&bin)
-        .args(["install", "--model"])
-        .arg(&dir)
-        .args([
-            "--name",
-            name,
-            "--port",
-            &port.to_string(),
-            "--slots",
-            "2",
-            "--max-context",
-            &ctx,
-            "--cache-dir",
-        ])
-        .arg(&cache));
+    let out = common::run(
+        Command::new(&bin)
+            .args(["install", "--model"])
+            .arg(&dir)
+            .args([
+                "--name",
+                name,
+                "--port",
+                &port.to_string(),
+                "--slots",
+                "2",
+                "--max-context",
+                &ctx,
+                "--cache-dir",
+            ])
+            .arg(&cache),
+    );
     assert!(out.contains("installed"), "{out}");
     let installed = Installed::open(name).unwrap();
     let arena = installed.status().unwrap().arena_map_id;
@@ -116,7 +106,7 @@ fn installed_by_a_process_that_exited_it_answers_with_the_per_operator_text_unti
     );
     assert!(s.kernel_memory > 0);
     // removed by another child: the pins go, the kernel frees the arena
-    let out = run(Command::new(&bin).args(["remove", name]));
+    let out = common::run(Command::new(&bin).args(["remove", name]));
     assert!(out.contains("removed"), "{out}");
     assert!(!pin_dir(name).exists(), "the pins are gone");
     assert!(matches!(
@@ -399,10 +389,12 @@ fn ask_prints_the_text_and_gives_up_when_nothing_answers() {
     install_in_process(&dir, name, 2, CTX, &cfg);
     let prompt = "The old lighthouse keeper";
     let (ids, stopped) = reference(&dir, &tok.encode(prompt).unwrap(), 20, &tok.eos_ids());
-    let out = run(Command::new(&ask)
-        .args(["--port", &port.to_string(), "--max-tokens", "20", "--model"])
-        .arg(&dir)
-        .arg(prompt));
+    let out = common::run(
+        Command::new(&ask)
+            .args(["--port", &port.to_string(), "--max-tokens", "20", "--model"])
+            .arg(&dir)
+            .arg(prompt),
+    );
     assert_eq!(out, text_of(&tok, &ids, stopped), "ask's stdout");
 }
 
@@ -474,18 +466,20 @@ fn on_a_veth_pair_in_native_mode_a_client_in_a_namespace_is_answered() {
     assert_eq!(String::from_utf8(text).unwrap(), want);
     assert_eq!(fin[6], ids.len() as u32);
     // and ask, run inside the namespace
-    let out = run(Command::new("ip")
-        .args(["netns", "exec", ns])
-        .arg(common::example_bin("ask"))
-        .args([
-            "--host",
-            &veth.host_addr.to_string(),
-            "--port",
-            &port.to_string(),
-        ])
-        .args(["--max-tokens", "16", "--model"])
-        .arg(&dir)
-        .arg(prompt_text));
+    let out = common::run(
+        Command::new("ip")
+            .args(["netns", "exec", ns])
+            .arg(common::example_bin("ask"))
+            .args([
+                "--host",
+                &veth.host_addr.to_string(),
+                "--port",
+                &port.to_string(),
+            ])
+            .args(["--max-tokens", "16", "--model"])
+            .arg(&dir)
+            .arg(prompt_text),
+    );
     assert_eq!(out, want, "ask's stdout in the namespace");
     let s = Installed::open(name).unwrap().status().unwrap();
     println!("{s}");

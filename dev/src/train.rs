@@ -285,6 +285,27 @@ pub fn cpu_seconds() -> f64 {
 /// on the calling thread (its spin-waiting worker pool loses badly whenever another process wants
 /// a core); matrix products still use every core.
 ///
+/// A training binary's `main`: the CPU tuned ([`tune_cpu`]), its arguments parsed (usage errors
+/// exit 1, `--help` 0), `run` called; its error printed, exit 1.
+pub fn main_with<A: clap::Parser>(run: impl FnOnce(&A) -> Res<()>) -> std::process::ExitCode {
+    // SAFETY: the first thing in main, no other thread exists yet.
+    unsafe { tune_cpu() };
+    let args = match A::try_parse() {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return std::process::ExitCode::from(e.use_stderr() as u8);
+        }
+    };
+    match run(&args) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// # Safety
 /// Call first thing in `main`, before any other thread exists (mallopt and set_var are not
 /// thread-safe).

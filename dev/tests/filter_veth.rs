@@ -166,18 +166,6 @@ fn count(text: &str, word: &str) -> u64 {
         .unwrap_or_else(|_| panic!("{word:?} after {:?}", words[i - 1]))
 }
 
-fn run(cmd: &mut Command) -> String {
-    let out = cmd.output().unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed ({}):\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
 #[test]
 fn the_filter_on_a_veth_end_drops_malicious_flows_and_logs_the_user_space_verdicts() {
     let t0 = Instant::now();
@@ -261,19 +249,21 @@ fn the_filter_on_a_veth_end_drops_malicious_flows_and_logs_the_user_space_verdic
     // 3. installed by the filter example, natively on the server's end
     let _installation = Installation::new();
     let bin = common::example_bin("filter");
-    let installed = run(Command::new(&bin)
-        .args(["install", "--model"])
-        .arg(&model)
-        .arg("--rule")
-        .arg(&rule_file)
-        .args([
-            "--name",
-            NAME,
-            "--interface",
-            veth.host,
-            "--xdp-mode",
-            "native",
-        ]));
+    let installed = common::run(
+        Command::new(&bin)
+            .args(["install", "--model"])
+            .arg(&model)
+            .arg("--rule")
+            .arg(&rule_file)
+            .args([
+                "--name",
+                NAME,
+                "--interface",
+                veth.host,
+                "--xdp-mode",
+                "native",
+            ]),
+    );
     println!("{installed}");
     assert!(native_xdp(veth.host), "attached in native mode");
     let f = InstalledFilter::open(NAME).unwrap();
@@ -375,7 +365,7 @@ fn the_filter_on_a_veth_end_drops_malicious_flows_and_logs_the_user_space_verdic
     assert!(s.pending >= n, "{s:?}");
     assert!(s.labels[1].packets >= PER_LABEL as u64, "{s:?}");
     assert!(s.dropped >= n + PER_LABEL as u64, "{s:?}");
-    let status = run(Command::new(&bin).args(["status", NAME]));
+    let status = common::run(Command::new(&bin).args(["status", NAME]));
     println!("{status}");
     assert_eq!(count(&status, "judged,"), n, "flows judged: {status}");
     assert!(count(&status, "dropped,") > 0, "{status}");
@@ -389,7 +379,7 @@ fn the_filter_on_a_veth_end_drops_malicious_flows_and_logs_the_user_space_verdic
     drop(f);
 
     // removed: no pin left, the arena freed
-    run(Command::new(&bin).args(["remove", NAME]));
+    common::run(Command::new(&bin).args(["remove", NAME]));
     assert!(matches!(
         InstalledFilter::open(NAME),
         Err(Error::NotInstalled { .. })

@@ -223,3 +223,16 @@ pub fn greedy_tokens(m: &mut Model, prompt: &[u32], n: usize) -> Vec<u32> {
     }
     out
 }
+
+/// Runs `cmd` and returns its stdout; fails the test with its stdout and stderr if it failed.
+pub fn run(cmd: &mut std::process::Command) -> String {
+    let out = cmd.output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}

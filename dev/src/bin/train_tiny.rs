@@ -278,20 +278,5 @@ fn run(args: &Args) -> Res<()> {
 }
 
 fn main() -> ExitCode {
-    // SAFETY: first thing in main, no other thread exists yet.
-    unsafe { train::tune_cpu() };
-    let args = match Args::try_parse() {
-        Ok(a) => a,
-        Err(e) => {
-            let _ = e.print(); // usage errors exit 1, --help 0
-            return ExitCode::from(e.use_stderr() as u8);
-        }
-    };
-    match run(&args) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    train::main_with::<Args>(run)
 }
