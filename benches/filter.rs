@@ -395,37 +395,7 @@ struct XdpPass(i32);
 
 impl XdpPass {
     fn attach(ifindex: u32) -> XdpPass {
-        use libbpf_rs::libbpf_sys;
-        let insns: [[u8; 8]; 2] = [[0xb7, 0, 0, 0, 2, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]];
-        // SAFETY: two valid instructions, a NUL-terminated licence; a result >= 0 is an fd.
-        let fd = unsafe {
-            libbpf_sys::bpf_prog_load(
-                libbpf_sys::BPF_PROG_TYPE_XDP,
-                c"pass".as_ptr(),
-                c"GPL".as_ptr(),
-                insns.as_ptr().cast(),
-                2,
-                std::ptr::null_mut(),
-            )
-        };
-        assert!(
-            fd >= 0,
-            "the pass program: {}",
-            std::io::Error::last_os_error()
-        );
-        // SAFETY: the program's fd, no options; then our fd, closed once (the device holds
-        // the program).
-        let rc = unsafe {
-            let rc = libbpf_sys::bpf_xdp_attach(
-                ifindex as i32,
-                fd,
-                libbpf_sys::XDP_FLAGS_DRV_MODE,
-                std::ptr::null(),
-            );
-            libc::close(fd);
-            rc
-        };
-        assert_eq!(rc, 0, "attaching the pass program");
+        netns::attach_xdp_pass(ifindex as i32);
         XdpPass(ifindex as i32)
     }
 }

@@ -398,44 +398,15 @@ fn ask_prints_the_text_and_gives_up_when_nothing_answers() {
     assert_eq!(out, text_of(&tok, &ids, stopped), "ask's stdout");
 }
 
-/// Attaches a program that passes every frame (`r0 = XDP_PASS; exit`) to `dev` in namespace
-/// `ns`, in native mode. A veth delivers the frames its peer sends with XDP_TX only when it
-/// has an XDP program of its own (its NAPI and XDP ring exist only then).
+/// Attaches a program that passes every frame to `dev` in namespace `ns`, in native mode (see
+/// `netns::attach_xdp_pass`).
 fn attach_pass_program(ns: &str, dev: &str) {
-    use libbpf_rs::libbpf_sys;
-    let insns: [[u8; 8]; 2] = [[0xb7, 0, 0, 0, 2, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]];
-    // SAFETY: two valid instructions, a NUL-terminated licence; a non-negative result is an fd.
-    let fd = unsafe {
-        libbpf_sys::bpf_prog_load(
-            libbpf_sys::BPF_PROG_TYPE_XDP,
-            c"pass".as_ptr(),
-            c"GPL".as_ptr(),
-            insns.as_ptr().cast(),
-            2,
-            std::ptr::null_mut(),
-        )
-    };
-    assert!(
-        fd >= 0,
-        "loading the pass program: {}",
-        std::io::Error::last_os_error()
-    );
     in_netns(ns, || {
         let name = std::ffi::CString::new(dev).unwrap();
-        // SAFETY: a NUL-terminated name; the program fd above; no options.
-        let rc = unsafe {
-            let ifindex = libc::if_nametoindex(name.as_ptr()) as i32;
-            libbpf_sys::bpf_xdp_attach(
-                ifindex,
-                fd,
-                libbpf_sys::XDP_FLAGS_DRV_MODE,
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(rc, 0, "attaching the pass program to {dev} in {ns}");
+        // SAFETY: a NUL-terminated name.
+        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) } as i32;
+        common::netns::attach_xdp_pass(ifindex);
     });
-    // SAFETY: our fd, closed once (the attachment holds the program).
-    unsafe { libc::close(fd) };
 }
 
 #[test]

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::netns::{link_exists, native_xdp, netns_exists, Veth};
-use common::serve::eventually;
+use common::serve::{eventually, Installation};
 use qwen_bpf::kernel::pins::map_exists;
 use qwen_bpf::{Error, Filter, FilterRule, InstalledFilter, Model, ModelOptions, Tokenizer};
 
@@ -40,22 +40,6 @@ const STEPS: &str = "200";
 /// How long a malicious flow's client waits for an answer after its verdict: several of TCP's
 /// retransmissions (200 ms, then doubling).
 const SILENCE: Duration = Duration::from_secs(3);
-
-/// Removes the filter `NAME` when made (one left by a killed run) and when dropped.
-struct Installation;
-
-impl Installation {
-    fn new() -> Installation {
-        let _ = InstalledFilter::remove(NAME);
-        Installation
-    }
-}
-
-impl Drop for Installation {
-    fn drop(&mut self) {
-        let _ = InstalledFilter::remove(NAME);
-    }
-}
 
 /// An HTTP/1.1 server on `addr`: a thread per connection reads the request head and answers
 /// `200 OK`; the requests it read are recorded.
@@ -247,7 +231,7 @@ fn the_filter_on_a_veth_end_drops_malicious_flows_and_logs_the_user_space_verdic
     drop(filter);
 
     // 3. installed by the filter example, natively on the server's end
-    let _installation = Installation::new();
+    let _installation = Installation::new(NAME);
     let bin = common::example_bin("filter");
     let installed = common::run(
         Command::new(&bin)

@@ -119,3 +119,41 @@ pub fn native_xdp(dev: &str) -> bool {
     let link = String::from_utf8_lossy(&out.stdout);
     link.contains(" xdp ") && !link.contains("xdpgeneric")
 }
+
+/// Loads a program that passes every frame (`r0 = XDP_PASS; exit`) and attaches it in native mode
+/// to interface `ifindex` of the calling thread's namespace; the attachment holds the program.
+/// A veth delivers the frames its peer sends with XDP_TX only when it has an XDP program of its
+/// own (its NAPI and XDP ring exist only then), and a veth end with a program receives through
+/// that path: the baseline of a native XDP program on it.
+pub fn attach_xdp_pass(ifindex: i32) {
+    use libbpf_rs::libbpf_sys;
+    let insns: [[u8; 8]; 2] = [[0xb7, 0, 0, 0, 2, 0, 0, 0], [0x95, 0, 0, 0, 0, 0, 0, 0]];
+    // SAFETY: two valid instructions, a NUL-terminated licence; a non-negative result is an fd.
+    let fd = unsafe {
+        libbpf_sys::bpf_prog_load(
+            libbpf_sys::BPF_PROG_TYPE_XDP,
+            c"pass".as_ptr(),
+            c"GPL".as_ptr(),
+            insns.as_ptr().cast(),
+            2,
+            std::ptr::null_mut(),
+        )
+    };
+    assert!(
+        fd >= 0,
+        "loading the pass program: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: the program's fd, no options; then our fd, closed once.
+    let rc = unsafe {
+        let rc = libbpf_sys::bpf_xdp_attach(
+            ifindex,
+            fd,
+            libbpf_sys::XDP_FLAGS_DRV_MODE,
+            std::ptr::null(),
+        );
+        libc::close(fd);
+        rc
+    };
+    assert_eq!(rc, 0, "attaching the pass program to interface {ifindex}");
+}
