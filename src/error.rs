@@ -144,6 +144,23 @@ pub enum Error {
         /// The capabilities required.
         capability: &'static str,
     },
+    /// The running kernel has a BPF feature but refused this process its use: a security policy
+    /// (an LSM, a sysctl, a container's seccomp filter) or a missing capability.
+    #[error("{what}: the kernel refused {feature}: {detail}; kernel {kernel} supports {plural} (Linux >= {since}), so a security policy or a missing capability forbids it")]
+    Refused {
+        /// What was attempted.
+        what: String,
+        /// The feature, as in "the kernel refused a BPF arena".
+        feature: &'static str,
+        /// The feature's plural, as in "kernel 6.18.44 supports arenas".
+        plural: &'static str,
+        /// The first Linux version that has it.
+        since: &'static str,
+        /// The running kernel's release (`uname -r`).
+        kernel: String,
+        /// The kernel's answer.
+        detail: String,
+    },
     /// The running kernel lacks a BPF feature.
     #[error("{what}: this kernel lacks {feature} (needs {needs}): {detail}")]
     KernelFeature {

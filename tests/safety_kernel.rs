@@ -227,6 +227,7 @@ fn probe_results_map_to_privilege_or_feature_errors() {
         syscall_prog,
         bpf_loop,
         cap_eff,
+        release: None,
     };
     let feature = |r: qwen_bpf::Result<()>| match r {
         Err(Error::KernelFeature {

@@ -22,6 +22,22 @@ struct bpf_wq {
 } __attribute__((aligned(8)));
 #endif
 
+/* The workqueue kfuncs. Setting the callback was bpf_wq_set_callback_impl(wq, cb, flags, aux)
+ * from 6.10; Linux 7.x renamed it bpf_wq_set_callback(wq, cb, flags) (the aux argument became
+ * implicit) and left the old name as an internal function, no longer a kfunc. Both are weak: libbpf
+ * resolves the one this kernel has, and the verifier drops the branch of the other. */
+extern int bpf_wq_init(struct bpf_wq *wq, void *p__map, unsigned int flags) __weak __ksym;
+extern int bpf_wq_start(struct bpf_wq *wq, unsigned int flags) __weak __ksym;
+extern int bpf_wq_set_callback_impl(struct bpf_wq *wq,
+				    int (callback_fn)(void *map, int *key, void *value),
+				    unsigned int flags, void *aux__ign) __weak __ksym;
+extern int bpf_wq_set_callback(struct bpf_wq *wq,
+			       int (callback_fn)(void *map, int *key, void *value),
+			       unsigned int flags) __weak __ksym;
+#define qb_wq_set_callback(wq, cb)                                                  \
+	(bpf_ksym_exists(bpf_wq_set_callback) ? bpf_wq_set_callback((wq), (cb), 0)  \
+					      : bpf_wq_set_callback_impl((wq), (cb), 0, 0))
+
 typedef __s8 s8;
 typedef __u8 u8;
 typedef __s16 s16;

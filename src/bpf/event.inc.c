@@ -191,11 +191,6 @@ struct {
 	__type(value, struct ev_slot);
 } ev_slots SEC(".maps");
 
-extern int bpf_wq_init(struct bpf_wq *wq, void *p__map, unsigned int flags) __weak __ksym;
-extern int bpf_wq_start(struct bpf_wq *wq, unsigned int flags) __weak __ksym;
-extern int bpf_wq_set_callback_impl(struct bpf_wq *wq,
-				    int (callback_fn)(void *map, int *key, void *value),
-				    unsigned int flags, void *aux__ign) __weak __ksym;
 
 /* A record without text: a request's outcome or refusal. */
 static __always_inline void ev_record(u32 kind, u32 id, u32 request, u32 pos)
@@ -338,7 +333,7 @@ int ev_setup(void *ctx)
 		err = bpf_wq_init(&s->wq, &ev_slots, 0);
 		if (err)
 			return 2 << 16 | (-err & 0xffff); /* which step failed, and its errno */
-		err = bpf_wq_set_callback_impl(&s->wq, ev_work, 0, 0);
+		err = qb_wq_set_callback(&s->wq, ev_work);
 		if (err)
 			return 3 << 16 | (-err & 0xffff);
 	}

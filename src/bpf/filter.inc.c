@@ -539,7 +539,7 @@ int flt_setup(void *ctx)
 		err = bpf_wq_init(&s->wq, &flt_slots, 0);
 		if (err)
 			return 2 << 16 | (-err & 0xffff);
-		err = bpf_wq_set_callback_impl(&s->wq, flt_work, 0, 0);
+		err = qb_wq_set_callback(&s->wq, flt_work);
 		if (err)
 			return 3 << 16 | (-err & 0xffff);
 	}

@@ -169,12 +169,14 @@ __noinline u32 kv8_pack_queries(u64 qa, u64 qqa, u64 sha, u32 hd, u32 two)
 	return (u32)(e0 | e1 << 8);
 }
 
-/* a += x * c[off] (c an s8 arena pointer, off a literal), as three BPF instructions: a load with
- * sign extension, a multiply, an add. Written as asm because clang spills the sums of the loops
+/* a += x * c[off] (c an s8 arena pointer, off a literal), as four BPF instructions: a load, a
+ * sign extension (movsx: a sign-extending load from an arena is refused before Linux 6.18), a
+ * multiply, an add. Written as asm because clang spills the sums of the loops
  * below to the stack and re-loads them (six to seven instructions per multiply instead of three
  * to four). */
 #define KV8_MAC(a, x, c, off, t)                                                       \
-	asm("%[tmp] = *(s8 *)(%[cp] + " #off ")\n\t%[tmp] *= %[xv]\n\t%[acc] += %[tmp]"     \
+	asm("%[tmp] = *(u8 *)(%[cp] + " #off ")\n\t%[tmp] = (s8)%[tmp]\n\t"                  \
+	    "%[tmp] *= %[xv]\n\t%[acc] += %[tmp]"                                            \
 	    : [acc] "+r"(a), [tmp] "=&r"(t)                                             \
 	    : [cp] "r"(c), [xv] "r"(x))
 /* x = q[off / 8] (q a u64 arena pointer): a packed query word or value weight */

@@ -300,18 +300,22 @@ static __always_inline int q24_cols_ok(u32 k)
 
 /* The Q24 dot products below, column j (a literal) of a step of 8: a0 += w0[j] * x[j] and
  * a1 += w1[j] * x[j] (Q24_MAC2: x loaded once for both rows), or a0 += w0[j] * x[j] (Q24_MAC1),
- * all s32 loaded with sign extension. Written as asm, as SW_QUAD_PACKED in swar.inc.c, because
+ * all s32 loaded, then sign-extended by a register move (movsx: a sign-extending load from an
+ * arena, ldsx, is refused by verifiers before Linux 6.18 and by JITs without it). Written as asm, as SW_QUAD_PACKED in swar.inc.c, because
  * clang re-associates the unrolled sums into trees and spills them: 5.8 BPF instructions per
  * multiply in rows2_q24 as C, 3.5 plus the loop's as asm. */
 #define Q24_MAC2(a0, a1, w0, w1, x, j, xv, t)                                          \
-	asm("%[xv] = *(s32 *)(%[xp] + %[o])\n\t"                                         \
-	    "%[tt] = *(s32 *)(%[w0p] + %[o])\n\t%[tt] *= %[xv]\n\t%[aa] += %[tt]\n\t"     \
-	    "%[tt] = *(s32 *)(%[w1p] + %[o])\n\t%[tt] *= %[xv]\n\t%[ab] += %[tt]"          \
+	asm("%[xv] = *(u32 *)(%[xp] + %[o])\n\t%[xv] = (s32)%[xv]\n\t"                   \
+	    "%[tt] = *(u32 *)(%[w0p] + %[o])\n\t%[tt] = (s32)%[tt]\n\t"                    \
+	    "%[tt] *= %[xv]\n\t%[aa] += %[tt]\n\t"                                          \
+	    "%[tt] = *(u32 *)(%[w1p] + %[o])\n\t%[tt] = (s32)%[tt]\n\t"                    \
+	    "%[tt] *= %[xv]\n\t%[ab] += %[tt]"                                               \
 	    : [aa] "+r"(a0), [ab] "+r"(a1), [xv] "=&r"(xv), [tt] "=&r"(t)                 \
 	    : [xp] "r"(x), [w0p] "r"(w0), [w1p] "r"(w1), [o] "i"(4 * (j)))
 #define Q24_MAC1(a0, w0, x, j, xv, t)                                                  \
-	asm("%[xv] = *(s32 *)(%[xp] + %[o])\n\t"                                         \
-	    "%[tt] = *(s32 *)(%[w0p] + %[o])\n\t%[tt] *= %[xv]\n\t%[aa] += %[tt]"          \
+	asm("%[xv] = *(u32 *)(%[xp] + %[o])\n\t%[xv] = (s32)%[xv]\n\t"                   \
+	    "%[tt] = *(u32 *)(%[w0p] + %[o])\n\t%[tt] = (s32)%[tt]\n\t"                    \
+	    "%[tt] *= %[xv]\n\t%[aa] += %[tt]"                                               \
 	    : [aa] "+r"(a0), [xv] "=&r"(xv), [tt] "=&r"(t)                                \
 	    : [xp] "r"(x), [w0p] "r"(w0), [o] "i"(4 * (j)))
 

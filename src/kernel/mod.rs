@@ -25,6 +25,7 @@ macro_rules! skel_module {
 
 pub mod arena;
 mod drivers;
+pub mod features;
 pub mod filter;
 pub mod floor;
 mod operators;
@@ -32,6 +33,7 @@ pub mod ops;
 pub mod pins;
 pub mod plan;
 pub mod probe;
+pub mod report;
 pub mod ring;
 mod skel;
 pub mod swar_ops;
@@ -82,9 +84,10 @@ pub(crate) fn test_run<T>(prog: BorrowedFd<'_>, what: &str, args: &mut T) -> Res
 ///
 /// libbpf's probes cannot tell "not supported" from "not allowed": without CAP_BPF every probe
 /// answers 0. [`classify`] therefore consults the capabilities before blaming the kernel.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProbeResults {
-    /// `libbpf_probe_bpf_map_type(BPF_MAP_TYPE_ARENA)`.
+    /// Creating a one-page arena map: 1, or the negative errno of the refusal (unlike libbpf's
+    /// probe, which answers 0 for every failure, this tells EPERM from EINVAL).
     pub arena: i32,
     /// `libbpf_probe_bpf_prog_type(BPF_PROG_TYPE_SYSCALL)`.
     pub syscall_prog: i32,
@@ -92,6 +95,45 @@ pub struct ProbeResults {
     pub bpf_loop: i32,
     /// The effective capability set (`CapEff` of `/proc/thread-self/status`), when readable.
     pub cap_eff: Option<u64>,
+    /// The kernel's release (`uname -r`), when known.
+    pub release: Option<String>,
+}
+
+/// The first kernel with BPF arena maps.
+pub const ARENA_SINCE: (u32, u32) = (6, 9);
+
+/// `(major, minor)` of a kernel release such as `6.18.44-fc-v1272` or `7.3.4+deb13-amd64`.
+pub fn release_version(release: &str) -> Option<(u32, u32)> {
+    let mut it = release.split(|c: char| !c.is_ascii_digit());
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
+/// The running kernel's release (`uname -r`).
+pub fn kernel_release() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .ok()
+        .map(|s| s.trim().to_string())
+}
+
+/// Creates (and closes) a one-page BPF arena map: 1, or the kernel's negative errno.
+pub fn probe_arena() -> i32 {
+    let mut opts: libbpf_sys::bpf_map_create_opts = unsafe { std::mem::zeroed() };
+    opts.sz = size_of::<libbpf_sys::bpf_map_create_opts>() as _;
+    opts.map_flags = libbpf_sys::BPF_F_MMAPABLE;
+    // SAFETY: a map create with a valid opts struct and no name; the fd is closed below.
+    let fd = unsafe {
+        libbpf_sys::bpf_map_create(33 /* BPF_MAP_TYPE_ARENA */, std::ptr::null(), 0, 0, 1, &opts)
+    };
+    if fd < 0 {
+        return if fd == -1 {
+            -std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EINVAL)
+        } else {
+            fd
+        };
+    }
+    // SAFETY: fd is ours and open.
+    unsafe { libc::close(fd) };
+    1
 }
 
 /// Capability numbers from `linux/capability.h`.
@@ -103,10 +145,8 @@ pub const CAP_BPF: u32 = 39;
 
 /// Runs libbpf's feature probes and reads the capabilities (see [`ProbeResults`]).
 pub fn probe_results() -> ProbeResults {
+    let arena = probe_arena();
     // SAFETY: plain probe calls without pointers.
-    let arena = unsafe {
-        libbpf_sys::libbpf_probe_bpf_map_type(33 /* BPF_MAP_TYPE_ARENA */, std::ptr::null())
-    };
     let syscall_prog = unsafe {
         libbpf_sys::libbpf_probe_bpf_prog_type(libbpf_sys::BPF_PROG_TYPE_SYSCALL, std::ptr::null())
     };
@@ -126,6 +166,7 @@ pub fn probe_results() -> ProbeResults {
         })
         .and_then(|v| u64::from_str_radix(&v, 16).ok());
     ProbeResults {
+        release: kernel_release(),
         arena,
         syscall_prog,
         bpf_loop,
@@ -136,8 +177,9 @@ pub fn probe_results() -> ProbeResults {
 /// Turns probe answers into the crate's verdict: [`Error::Privileges`] naming the missing
 /// capabilities when the process lacks CAP_BPF or CAP_PERFMON (CAP_SYS_ADMIN implies both; both
 /// are needed: without CAP_PERFMON the programs are refused at load even though libbpf's probes
-/// pass), `Ok` when all three features answered 1, [`Error::Privileges`] when a probe was refused
-/// (EPERM/EACCES), and else [`Error::KernelFeature`] naming the first missing feature.
+/// pass), `Ok` when all three features answered 1, [`Error::Refused`] when a kernel that has
+/// arenas (>= 6.9) refused one, [`Error::Privileges`] when a probe was refused (EPERM/EACCES)
+/// otherwise, and else [`Error::KernelFeature`] naming the first missing feature.
 pub fn classify(p: &ProbeResults) -> Result<()> {
     let what = "probing BPF features";
     if let Some(caps) = p.cap_eff {
@@ -158,8 +200,25 @@ pub fn classify(p: &ProbeResults) -> Result<()> {
     if p.arena == 1 && p.syscall_prog == 1 && p.bpf_loop == 1 {
         return Ok(());
     }
+    // An arena refused on a kernel that has arenas: a policy or a capability, said as such
+    // (not "this kernel lacks arenas", which sends the user after the wrong cause).
+    let refused = |r: i32| r == -libc::EPERM || r == -libc::EACCES;
+    if refused(p.arena) && p.syscall_prog == 1 && p.bpf_loop == 1 {
+        if let Some(release) = &p.release {
+            if release_version(release).is_some_and(|v| v >= ARENA_SINCE) {
+                return Err(Error::Refused {
+                    what: what.into(),
+                    feature: "a BPF arena",
+                    plural: "arenas",
+                    since: "6.9",
+                    kernel: release.clone(),
+                    detail: std::io::Error::from_raw_os_error(-p.arena).to_string(),
+                });
+            }
+        }
+    }
     for r in [p.arena, p.syscall_prog, p.bpf_loop] {
-        if r == -libc::EPERM || r == -libc::EACCES {
+        if refused(r) {
             return Err(Error::Privileges {
                 what: what.into(),
                 capability: CAPABILITIES,

@@ -152,31 +152,12 @@ impl Ops {
     /// kernel's verifier as much as on the program: `tests/limits.rs` keeps every program well
     /// under the limit so that other kernel builds load them too.
     pub fn verified_instructions(&self) -> Result<Vec<(String, u32)>> {
-        use libbpf_rs::libbpf_sys::{bpf_prog_get_info_by_fd, bpf_prog_info};
         self.skel
             .object()
             .progs()
             // the programs this Ops did not load (the event path's, unless asked for) have no fd
             .filter(|p| p.autoload())
-            .map(|p| {
-                let name = p.name().to_string_lossy().into_owned();
-                let mut info = bpf_prog_info::default();
-                let mut len = std::mem::size_of::<bpf_prog_info>() as u32;
-                // SAFETY: the fd is the loaded program's; info is a zeroed bpf_prog_info of
-                // `len` bytes, which the kernel fills up to that size.
-                let rc =
-                    unsafe { bpf_prog_get_info_by_fd(p.as_fd().as_raw_fd(), &mut info, &mut len) };
-                if rc != 0 {
-                    return Err(Error::Bpf {
-                        what: name,
-                        detail: format!(
-                            "bpf_prog_get_info_by_fd: {}",
-                            std::io::Error::from_raw_os_error(-rc)
-                        ),
-                    });
-                }
-                Ok((name, info.verified_insns))
-            })
+            .map(|p| Ok((p.name().to_string_lossy().into_owned(), verified_insns(p.as_fd())?)))
             .collect()
     }
 
@@ -329,6 +310,23 @@ fn open_and_load(
         .map_err(|e| load_error("the arena map", e))?;
     open.load()
         .map_err(|e| load_error("the operator programs", e))
+}
+
+/// How many instructions the verifier processed for the loaded program `prog`.
+pub(crate) fn verified_insns(prog: std::os::fd::BorrowedFd<'_>) -> Result<u32> {
+    use libbpf_rs::libbpf_sys::{bpf_prog_get_info_by_fd, bpf_prog_info};
+    let mut info = bpf_prog_info::default();
+    let mut len = std::mem::size_of::<bpf_prog_info>() as u32;
+    // SAFETY: the fd is a loaded program's; info is a zeroed bpf_prog_info of `len` bytes, which
+    // the kernel fills up to that size.
+    let rc = unsafe { bpf_prog_get_info_by_fd(prog.as_raw_fd(), &mut info, &mut len) };
+    if rc != 0 {
+        return Err(Error::Bpf {
+            what: "bpf_prog_get_info_by_fd".into(),
+            detail: std::io::Error::from_raw_os_error(-rc).to_string(),
+        });
+    }
+    Ok(info.verified_insns)
 }
 
 pub(super) fn check_ret(what: &str, ret: i32) -> Result<()> {

@@ -1,0 +1,154 @@
+//! Which programs of the operator object this kernel's verifier takes: each loaded alone (every
+//! other program's autoload off), with the instructions the verifier processed or, when refused,
+//! the verifier's last words. Kernels differ in their verifiers, so this is the first thing to
+//! look at on a new kernel (`doctor`, and the smoke suite of `scripts/vm-test.sh`).
+
+use std::mem::MaybeUninit;
+use std::os::fd::AsFd;
+use std::sync::Mutex;
+
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{OpenObject, PrintLevel};
+
+use super::ops::skel::OpsSkelBuilder;
+
+/// What a program does, for grouping a report: a kernel refusing one kind may still run others.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProgramKind {
+    /// The operators of the forward pass and the plan interpreter.
+    Forward,
+    /// `generate`: greedy or sampled generation inside the kernel.
+    Generation,
+    /// `tokenize_text`: the in-kernel tokenizer.
+    Tokenizer,
+    /// `sample`: the integer sampler.
+    Sampler,
+    /// `ev_setup`, `ev_xdp`: kernel events and the installed server.
+    Server,
+    /// `flt_setup`, `flt_xdp`, `filter_classify`: the packet filter.
+    Filter,
+}
+
+impl ProgramKind {
+    /// The kind of the operator object's program `name`.
+    pub fn of(name: &str) -> ProgramKind {
+        match name {
+            "generate" => ProgramKind::Generation,
+            "tokenize_text" => ProgramKind::Tokenizer,
+            "sample" => ProgramKind::Sampler,
+            n if n.starts_with("ev_") => ProgramKind::Server,
+            n if n.starts_with("flt_") || n.starts_with("filter_") => ProgramKind::Filter,
+            _ => ProgramKind::Forward,
+        }
+    }
+
+    /// A short lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProgramKind::Forward => "forward",
+            ProgramKind::Generation => "generation",
+            ProgramKind::Tokenizer => "tokenizer",
+            ProgramKind::Sampler => "sampler",
+            ProgramKind::Server => "server",
+            ProgramKind::Filter => "filter",
+        }
+    }
+}
+
+/// One program loaded alone.
+#[derive(Clone, Debug)]
+pub struct ProgramLoad {
+    /// The program's name in `src/bpf`.
+    pub name: String,
+    /// What it is for.
+    pub kind: ProgramKind,
+    /// The instructions the verifier processed, or why the program was refused (the verifier's
+    /// last line when it spoke, else libbpf's error).
+    pub result: std::result::Result<u32, String>,
+}
+
+static LOG: Mutex<String> = Mutex::new(String::new());
+
+fn capture(_level: PrintLevel, msg: String) {
+    LOG.lock().unwrap_or_else(|e| e.into_inner()).push_str(&msg);
+}
+
+/// The line of a libbpf log that says why the verifier refused a program: the last line of the
+/// program's load log that is not the verifier's closing statistics, or libbpf's own last warning.
+pub fn refusal_line(log: &str) -> Option<String> {
+    let body = match (log.find("-- BEGIN PROG LOAD LOG --"), log.find("-- END PROG LOAD LOG --")) {
+        (Some(a), Some(b)) if a < b => &log[a + "-- BEGIN PROG LOAD LOG --".len()..b],
+        _ => log,
+    };
+    body.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .filter(|l| {
+            !(l.starts_with("processed ")
+                || l.starts_with("verification time")
+                || l.starts_with("stack depth")
+                || l.starts_with("-- ")
+                || l.starts_with("libbpf: failed to load object")
+                || l.starts_with("libbpf: failed to load BPF skeleton"))
+        })
+        .last()
+        .map(|l| l.trim_start_matches("libbpf: ").to_string())
+}
+
+/// Loads every program of the operator object alone, in the object's order, and says what the
+/// verifier made of each. Takes about as long as loading the object once per program kind; holds
+/// libbpf's print callback while it runs (messages of other threads' loads land in the report).
+pub fn program_loads() -> Vec<ProgramLoad> {
+    let mut storage = MaybeUninit::<OpenObject>::uninit();
+    let names: Vec<String> = match OpsSkelBuilder::default().open(&mut storage) {
+        Ok(open) => open
+            .open_object()
+            .progs()
+            .map(|p| p.name().to_string_lossy().into_owned())
+            .collect(),
+        Err(e) => {
+            return vec![ProgramLoad {
+                name: "(the object)".into(),
+                kind: ProgramKind::Forward,
+                result: Err(format!("opening the operator object: {e:#}")),
+            }]
+        }
+    };
+    let previous = libbpf_rs::set_print(Some((PrintLevel::Warn, capture)));
+    let report = names
+        .iter()
+        .map(|name| ProgramLoad {
+            name: name.clone(),
+            kind: ProgramKind::of(name),
+            result: load_alone(name),
+        })
+        .collect();
+    libbpf_rs::set_print(previous);
+    report
+}
+
+fn load_alone(name: &str) -> std::result::Result<u32, String> {
+    LOG.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    let mut storage = MaybeUninit::<OpenObject>::uninit();
+    let mut open = OpsSkelBuilder::default()
+        .open(&mut storage)
+        .map_err(|e| format!("{e:#}"))?;
+    for mut p in open.open_object_mut().progs_mut() {
+        let this = p.name().to_string_lossy() == name;
+        p.set_autoload(this);
+    }
+    let loaded = open.load();
+    let log = std::mem::take(&mut *LOG.lock().unwrap_or_else(|e| e.into_inner()));
+    match loaded {
+        Ok(skel) => {
+            use libbpf_rs::skel::Skel;
+            let prog = skel
+                .object()
+                .progs()
+                .find(|p| p.name().to_string_lossy() == name)
+                .ok_or_else(|| format!("{name} is not in the loaded object"))?;
+            super::ops::verified_insns(prog.as_fd()).map_err(|e| e.to_string())
+        }
+        Err(e) => Err(refusal_line(&log).unwrap_or_else(|| format!("{e:#}"))),
+    }
+}
