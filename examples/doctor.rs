@@ -21,6 +21,9 @@ struct Args {
     /// Also load every program alone and report the verifier's answer for each.
     #[arg(long)]
     programs: bool,
+    /// With --programs: print the end of the verifier's log of every refused program.
+    #[arg(long, short)]
+    verbose: bool,
 }
 
 fn main() -> ExitCode {
@@ -39,7 +42,12 @@ fn main() -> ExitCode {
                 Ok(insns) => println!("  {:<10} {:<22} ok, {insns} instructions verified", p.kind.name(), p.name),
                 Err(why) => {
                     ok = false;
-                    println!("  {:<10} {:<22} REFUSED: {why}", p.kind.name(), p.name)
+                    println!("  {:<10} {:<22} REFUSED: {why}", p.kind.name(), p.name);
+                    if args.verbose {
+                        for l in &p.log_tail {
+                            println!("      | {l}");
+                        }
+                    }
                 }
             }
         }

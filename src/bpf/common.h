@@ -70,6 +70,20 @@ typedef __u64 u64;
  * where C dereferences it. */
 #define ARENA_CAST(p) asm volatile("%[ptr] = addr_space_cast(%[ptr], 0, 1)" : [ptr] "+r"(p))
 
+/* n checked to lie in [1, max], as a value whose bounds every verifier can prove, or a jump to
+ * `fail`. For a helper's size argument: clang compiles `n >= 1 && n <= max` into one unsigned
+ * compare of n - 1 and then passes n itself, whose lower bound verifiers before 7.x never learn
+ * ("invalid zero-sized read"); here the compare is on an opaque n - 1 and the size passed is
+ * rebuilt from that same register. */
+#define QB_LEN(n, max, fail)                                                              \
+	({                                                                                \
+		u64 m_ = (u64)(n) - 1;                                                    \
+		asm volatile("" : "+r"(m_));                                              \
+		if (m_ >= (u64)(max))                                                     \
+			goto fail;                                                        \
+		(u32)(m_ + 1);                                                            \
+	})
+
 /* for (int i = start; i < end; i++) as an open-coded iterator (bpf_for): the verifier checks the
  * body once, not once per iteration. start and end must not change inside the loop. */
 #define FOR(i, start, end) \

@@ -417,10 +417,8 @@ static __always_inline int ev_send(struct xdp_md *ctx, const u8 *hdr, struct ev_
 		return act;
 	if (bpf_xdp_store_bytes(ctx, EV_HDR, o->w, hlen))
 		goto failed;
-	/* the size as the verifier must see it: 1 to EV_TEXT_REPLY_MAX, checked on the register
-	 * passed (clang would otherwise test a value it derived n from) */
-	asm volatile("" : "+r"(n));
-	if (n >= 1 && n <= EV_TEXT_REPLY_MAX && bpf_xdp_store_bytes(ctx, EV_HDR + hlen, o->text, n))
+	if (n >= 1 && bpf_xdp_store_bytes(ctx, EV_HDR + hlen, o->text,
+					  QB_LEN(n, EV_TEXT_REPLY_MAX, failed)))
 		goto failed;
 	return XDP_TX;
 failed:
@@ -756,10 +754,11 @@ static __noinline int ev_text_request(struct xdp_md *ctx, const u8 *hdr, u32 src
 		return ev_refuse(EV_R_LIMIT, h->request);
 	if (!ev_cfg.tok_text) /* no tokenizer in this model's arena (Model::load_tokenizer) */
 		return ev_refuse(EV_R_MALFORMED, h->request);
-	asm volatile("" : "+r"(n));
-	if (n >= 1 && n <= EV_TEXT_IN_MAX &&
-	    bpf_xdp_load_bytes(ctx, EV_HDR + sizeof(*h), st->text, n))
+	if (n >= 1 && bpf_xdp_load_bytes(ctx, EV_HDR + sizeof(*h), st->text,
+					 QB_LEN(n, EV_TEXT_IN_MAX, malformed))) {
+malformed:
 		return ev_refuse(EV_R_MALFORMED, h->request);
+	}
 	if (!ev_utf8(n))
 		return ev_refuse(EV_R_UTF8, h->request);
 	q->src = src;
@@ -822,9 +821,11 @@ int ev_xdp(struct xdp_md *ctx)
 	if (!st)
 		return XDP_DROP;
 	bytes = h.n * 4;
-	if (bytes == 0 || bytes > sizeof(st->prompt) ||
-	    bpf_xdp_load_bytes(ctx, off + sizeof(h), st->prompt, bytes))
+	if (bpf_xdp_load_bytes(ctx, off + sizeof(h), st->prompt,
+			       QB_LEN(bytes, sizeof(st->prompt), malformed))) {
+malformed:
 		return ev_refuse(EV_R_MALFORMED, h.request);
+	}
 	for (u32 i = 0; i < EV_PROMPT_MAX; i++) {
 		if (i >= h.n)
 			break;

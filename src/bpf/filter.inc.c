@@ -639,8 +639,8 @@ static __noinline int flt_start(struct xdp_md *ctx, const struct flt_key *key, u
 		return flt_policy(flt_cfg.overflow);
 	}
 	n = len < flt_cfg.bytes ? len : flt_cfg.bytes;
-	asm volatile("" : "+r"(n));
-	if (n < 1 || n > FLT_BYTES_MAX || bpf_xdp_load_bytes(ctx, off, s->w.payload, n)) {
+	if (bpf_xdp_load_bytes(ctx, off, s->w.payload, n = QB_LEN(n, FLT_BYTES_MAX, no_payload))) {
+no_payload:
 		__sync_lock_test_and_set(&s->state, EV_FREE);
 		__sync_fetch_and_add(&flt_errors, 1);
 		return flt_policy(flt_cfg.pending);

@@ -302,7 +302,7 @@ __noinline int tok_reorder(u32 n)
 		u32 c = cps[i] >> 24;
 
 		if (!c) {
-			run = 0;
+			run = tok_opaque(0); /* a constant here would make the verifier walk every run length (6.12) */
 			continue;
 		}
 		if (++run > LIM_TOK_MARKS_MAX)
@@ -576,10 +576,17 @@ __noinline int tok_bpe(u32 a, u32 b, u64 out, u32 count, u32 max_out)
 		if (id != TOK_NONE)
 			sym[n++] = id;
 	}
-	TOK_LOOP(k, 0, n - (n > 0)) {
-		m = tok_merge_pair(sym[k], sym[k + 1]);
-		rank[k] = m >> 32;
-		merged[k] = (u32)m;
+	/* walked by pointers: indexed, clang adds the arena base to the scaled index, a form
+	 * Debian's 6.18.15 verifier refuses ("pointer arithmetic on arena prohibited") */
+	{
+		u32 __arena *sk = sym, *rk = rank, *mk = merged;
+
+		TOK_LOOP(k, 0, n - (n > 0)) {
+			m = tok_merge_pair(sk[0], sk[1]);
+			*rk++ = m >> 32;
+			*mk++ = (u32)m;
+			sk++;
+		}
 	}
 	/* at least one merge per round */
 	FOR(step, 0, LIM_TOK_WORD_MAX) {

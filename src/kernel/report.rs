@@ -65,6 +65,8 @@ pub struct ProgramLoad {
     /// The instructions the verifier processed, or why the program was refused (the verifier's
     /// last line when it spoke, else libbpf's error).
     pub result: std::result::Result<u32, String>,
+    /// The last lines (up to 40) of the verifier's log when it refused the program.
+    pub log_tail: Vec<String>,
 }
 
 static LOG: Mutex<String> = Mutex::new(String::new());
@@ -111,44 +113,58 @@ pub fn program_loads() -> Vec<ProgramLoad> {
                 name: "(the object)".into(),
                 kind: ProgramKind::Forward,
                 result: Err(format!("opening the operator object: {e:#}")),
+                log_tail: Vec::new(),
             }]
         }
     };
     let previous = libbpf_rs::set_print(Some((PrintLevel::Warn, capture)));
     let report = names
         .iter()
-        .map(|name| ProgramLoad {
-            name: name.clone(),
-            kind: ProgramKind::of(name),
-            result: load_alone(name),
+        .map(|name| {
+            let (result, log) = load_alone(name);
+            let lines: Vec<String> = log.lines().map(str::to_string).collect();
+            ProgramLoad {
+                name: name.clone(),
+                kind: ProgramKind::of(name),
+                log_tail: match result {
+                    Ok(_) => Vec::new(),
+                    Err(_) => lines[lines.len().saturating_sub(40)..].to_vec(),
+                },
+                result,
+            }
         })
         .collect();
     libbpf_rs::set_print(previous);
     report
 }
 
-fn load_alone(name: &str) -> std::result::Result<u32, String> {
+/// Loads program `name` alone: the verified instructions or the refusal, and libbpf's log.
+fn load_alone(name: &str) -> (std::result::Result<u32, String>, String) {
     LOG.lock().unwrap_or_else(|e| e.into_inner()).clear();
     let mut storage = MaybeUninit::<OpenObject>::uninit();
-    let mut open = OpsSkelBuilder::default()
-        .open(&mut storage)
-        .map_err(|e| format!("{e:#}"))?;
+    let mut open = match OpsSkelBuilder::default().open(&mut storage) {
+        Ok(open) => open,
+        Err(e) => return (Err(format!("{e:#}")), String::new()),
+    };
     for mut p in open.open_object_mut().progs_mut() {
         let this = p.name().to_string_lossy() == name;
         p.set_autoload(this);
     }
     let loaded = open.load();
     let log = std::mem::take(&mut *LOG.lock().unwrap_or_else(|e| e.into_inner()));
-    match loaded {
+    let result = match loaded {
         Ok(skel) => {
             use libbpf_rs::skel::Skel;
-            let prog = skel
+            match skel
                 .object()
                 .progs()
                 .find(|p| p.name().to_string_lossy() == name)
-                .ok_or_else(|| format!("{name} is not in the loaded object"))?;
-            super::ops::verified_insns(prog.as_fd()).map_err(|e| e.to_string())
+            {
+                Some(prog) => super::ops::verified_insns(prog.as_fd()).map_err(|e| e.to_string()),
+                None => Err(format!("{name} is not in the loaded object")),
+            }
         }
         Err(e) => Err(refusal_line(&log).unwrap_or_else(|| format!("{e:#}"))),
-    }
+    };
+    (result, log)
 }
