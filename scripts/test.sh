@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The whole test suite: the README's second set-up command, and what .ci/run runs.
+#
+# 1. Builds every test, example and bench of the workspace once (release).
+# 2. Asks this host's kernel what it allows (`doctor`). Where it runs BPF arenas, every test runs
+#    here (`cargo test --release --workspace`). Where it refuses them (a policy, or a kernel
+#    before 6.9), it says so in one line and runs here only the tests that need no BPF; the BPF
+#    tests then run in VMs, never reported as passed on a host that cannot run them.
+# 3. Runs the smoke suite (scripts/smoke.sh: every program loaded alone, a tiny model's logits
+#    against the twin per operator and in the plan, generation and sampling in the kernel, the
+#    tokenizer against the `tokenizers` crate, serve install/ask/remove, the filter) on every
+#    kernel of scripts/kernels.txt in qemu (scripts/vm-test.sh).
+#
+# QWEN_BPF_KERNELS="6.12 7.3" picks kernels of the matrix; QWEN_BPF_KERNELS=none skips the VMs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cargo test --release --workspace --no-run
+
+# The tests that need no BPF (the pure-Rust layers, the f32 reference, the tokenizer crate,
+# candle and proptest): they run on any host.
+pure=(
+  cargo test --release --workspace --lib
+  --test api_docs --test checkpoint --test filter_rule --test layers --test reference
+  --test swar_accuracy --test tokenizer --test candle_peer --test filter_model --test fuzz
+)
+
+./target/release/examples/doctor >target/doctor-host.txt 2>&1 || true
+if grep -q '^  programs and arena *yes' target/doctor-host.txt; then
+  echo "test: this host runs BPF arenas: every test runs here" >&2
+  cargo test --release --workspace
+else
+  cause="$(grep '^  programs and arena' target/doctor-host.txt | sed 's/^  programs and arena *NO: //')"
+  echo "test: this host cannot run the BPF tests (${cause:-see target/doctor-host.txt}); here only the tests that need no BPF, and the BPF smoke suite in VMs" >&2
+  "${pure[@]}"
+  cargo test --release -p qwen_bpf --doc
+fi
+
+kernels="${QWEN_BPF_KERNELS:-$(awk '!/^[[:space:]]*(#|$)/ {print $1}' scripts/kernels.txt | xargs)}"
+[ "$kernels" = none ] && { echo "test: QWEN_BPF_KERNELS=none: no VM" >&2; exit 0; }
+status=0
+summary=()
+for k in $kernels; do
+  start=$(date +%s)
+  if scripts/vm-test.sh "$k" -- scripts/smoke.sh; then r=passed; else r=FAILED; status=1; fi
+  summary+=("kernel $k: smoke suite $r ($(( $(date +%s) - start )) s)")
+done
+printf 'test: %s\n' "${summary[@]}" >&2
+exit $status
