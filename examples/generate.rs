@@ -154,13 +154,29 @@ impl Args {
 
 fn main() -> ExitCode {
     match common::parse_args::<Args>() {
-        Ok(args) => common::exit_with("generate", run(&args)),
+        Ok(args) => {
+            let result = run(&args);
+            if matches!(
+                result,
+                Err(Error::Refused { .. } | Error::KernelFeature { .. } | Error::Privileges { .. } | Error::Bpf { .. })
+            ) {
+                // what the kernel allows, facility by facility (as `doctor` prints it)
+                eprintln!("generate: this kernel (doctor's report):");
+                for f in qwen_bpf::probe().features {
+                    eprintln!("  {:<24} {}", f.name, f.describe());
+                }
+                eprintln!("generate: every program's verifier answer: cargo run --release --example doctor -- --programs -v");
+            }
+            common::exit_with("generate", result)
+        }
         Err(code) => code,
     }
 }
 
 fn run(args: &Args) -> Result<()> {
     let sampling = args.sampling()?;
+    // the kernel first: a refusal is said before minutes of writing the default model
+    qwen_bpf::check_kernel()?;
     let dir = match &args.model {
         Some(dir) => dir.clone(),
         None => {

@@ -82,6 +82,7 @@ pub use hf::checkpoint::Checkpoint;
 pub use hf::config::{Config, RopeParameters};
 pub use hf::default_model::{default_model_dir, ensure_default_model, TOKENIZER_ENV};
 pub use hf::tokenizer::{TextStream, Tokenizer};
+pub use kernel::check_kernel;
 pub use kernel::features::{probe, Feature, ProbeReport};
 pub use kernel::pins::XdpMode;
 pub use kernel::report::{program_loads, ProgramKind, ProgramLoad};

@@ -287,3 +287,59 @@ pub(crate) fn load_error(what: &str, e: libbpf_rs::Error) -> Error {
         detail: format!("{e:#}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL: u64 = (1 << CAP_BPF) | (1 << CAP_PERFMON);
+
+    fn probe(arena: i32, release: &str) -> ProbeResults {
+        ProbeResults {
+            arena,
+            syscall_prog: 1,
+            bpf_loop: 1,
+            cap_eff: Some(ALL),
+            release: Some(release.into()),
+        }
+    }
+
+    #[test]
+    fn kernel_releases_parse_to_major_and_minor() {
+        assert_eq!(release_version("6.18.44-fc-v1272"), Some((6, 18)));
+        assert_eq!(release_version("7.3.4+deb13-amd64"), Some((7, 3)));
+        assert_eq!(release_version("6.1.0-57-amd64"), Some((6, 1)));
+        assert_eq!(release_version("5"), None);
+        assert_eq!(release_version(""), None);
+    }
+
+    #[test]
+    fn an_arena_refused_on_a_kernel_that_has_arenas_is_a_policy_not_an_old_kernel() {
+        let msg = classify(&probe(-libc::EPERM, "6.18.44-fc-v1272"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("the kernel refused a BPF arena: Operation not permitted")
+                && msg.contains("kernel 6.18.44-fc-v1272 supports arenas (Linux >= 6.9), so a security policy or a missing capability forbids it"),
+            "{msg}"
+        );
+        assert!(!msg.contains("lacks"), "{msg}");
+        // EACCES (an LSM's usual answer) is the same cause
+        assert!(matches!(
+            classify(&probe(-libc::EACCES, "7.3.4+deb13-amd64")),
+            Err(Error::Refused { .. })
+        ));
+        // a kernel before arenas that refuses the map type: an old kernel, named with the first
+        // one that has them
+        let msg = classify(&probe(-libc::EINVAL, "6.1.0-57-amd64"))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("this kernel lacks BPF arena maps (needs Linux >= 6.9"), "{msg}");
+        // EPERM on a kernel before 6.9 or of unknown release: privileges, as before
+        assert!(matches!(
+            classify(&probe(-libc::EPERM, "6.1.0-57-amd64")),
+            Err(Error::Privileges { .. })
+        ));
+        assert!(classify(&probe(1, "6.12.57+deb12-amd64")).is_ok());
+    }
+}

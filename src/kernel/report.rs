@@ -168,3 +168,45 @@ fn load_alone(name: &str) -> (std::result::Result<u32, String>, String) {
     };
     (result, log)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_refusal_is_the_verifiers_last_word_not_its_statistics() {
+        let log = "libbpf: prog 'tokenize_text': BPF program load failed: -EACCES\n\
+                   libbpf: prog 'tokenize_text': -- BEGIN PROG LOAD LOG --\n\
+                   1292: (79) r1 = *(u64 *)(r10 -40)     ; R1=arena\n\
+                   1293: (0f) r6 += r1\n\
+                   R6 pointer arithmetic on arena prohibited\n\
+                   processed 5170 insns (limit 1000000) max_states_per_insn 4 total_states 300\n\
+                   -- END PROG LOAD LOG --\n\
+                   libbpf: prog 'tokenize_text': failed to load: -EACCES\n\
+                   libbpf: failed to load object 'ops_bpf'\n";
+        assert_eq!(
+            refusal_line(log).as_deref(),
+            Some("R6 pointer arithmetic on arena prohibited")
+        );
+        // no verifier log (libbpf refused before the kernel saw it): libbpf's own last word
+        let log = "libbpf: kfunc 'bpf_wq_set_callback_impl' is referenced but wasn't resolved\n\
+                   libbpf: failed to load object 'ops_bpf'\n";
+        assert_eq!(
+            refusal_line(log).as_deref(),
+            Some("kfunc 'bpf_wq_set_callback_impl' is referenced but wasn't resolved")
+        );
+        assert_eq!(refusal_line(""), None);
+    }
+
+    #[test]
+    fn programs_are_grouped_by_kind() {
+        assert_eq!(ProgramKind::of("matvec"), ProgramKind::Forward);
+        assert_eq!(ProgramKind::of("run_plan"), ProgramKind::Forward);
+        assert_eq!(ProgramKind::of("generate"), ProgramKind::Generation);
+        assert_eq!(ProgramKind::of("tokenize_text"), ProgramKind::Tokenizer);
+        assert_eq!(ProgramKind::of("sample"), ProgramKind::Sampler);
+        assert_eq!(ProgramKind::of("ev_xdp"), ProgramKind::Server);
+        assert_eq!(ProgramKind::of("flt_setup"), ProgramKind::Filter);
+        assert_eq!(ProgramKind::of("filter_classify"), ProgramKind::Filter);
+    }
+}
