@@ -53,6 +53,10 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 if ! command -v vng >/dev/null; then
   echo "vm-test: installing virtme-ng (pip)" >&2
+  python3 -m pip --version >/dev/null 2>&1 || {
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq && apt-get install -y -qq python3-pip >/dev/null
+  }
   python3 -m pip install -q virtme-ng 2>/dev/null || python3 -m pip install -q --break-system-packages virtme-ng
   hash -r
 fi
