@@ -103,7 +103,9 @@ fi
 
 # --- the run: the command's status and output go through a shared directory (the VM's console
 # carries the boot log only)
-runs="$here/../target/vm-test"  # under the checkout: the VM mounts its own /tmp, /var/tmp and /var/cache
+# A directory the guest writes through to the host: not under /tmp (the guest overlays it, so the
+# host never sees its writes), /var/tmp, /var/cache or /run (the guest's own tmpfs).
+runs="${QWEN_BPF_VM_RUNS:-/var/lib/qwen-bpf-vm/runs}"
 work="$(mkdir -p "$runs" && mktemp -d "$runs/run.XXXXXX")"
 trap 'kill "$tailer" 2>/dev/null || true; rm -rf "$work"' EXIT
 printf '%q ' "$@" >"$work/cmd"
