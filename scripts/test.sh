@@ -20,26 +20,26 @@ cargo test --release --workspace --no-run
 # The tests that need no BPF (the pure-Rust layers, the f32 reference, the tokenizer crate,
 # candle and proptest): they run on any host.
 pure=(
-  cargo test --release --workspace --lib
+  cargo test --release --no-fail-fast --workspace --lib
   --test api_docs --test checkpoint --test filter_rule --test layers --test reference
   --test swar_accuracy --test tokenizer --test candle_peer --test filter_model --test fuzz
 )
 
+status=0
 ./target/release/examples/doctor >target/doctor-host.txt 2>&1 || true
 if grep -q '^  programs and arena *yes' target/doctor-host.txt; then
   echo "test: this host runs BPF arenas: every test runs here" >&2
-  cargo test --release --workspace
+  cargo test --release --no-fail-fast --workspace || status=1
 else
   cause="$(grep '^  programs and arena' target/doctor-host.txt | sed 's/^  programs and arena *NO: //')"
   echo "test: this host cannot run the BPF tests (${cause:-see target/doctor-host.txt}); here only the tests that need no BPF, and the BPF smoke suite in VMs" >&2
-  "${pure[@]}"
-  cargo test --release -p qwen_bpf --doc
+  "${pure[@]}" || status=1
+  cargo test --release -p qwen_bpf --doc || status=1
 fi
+summary=("host: $([ $status -eq 0 ] && echo passed || echo FAILED)")
 
 kernels="${QWEN_BPF_KERNELS:-$(awk '!/^[[:space:]]*(#|$)/ {print $1}' scripts/kernels.txt | xargs)}"
-[ "$kernels" = none ] && { echo "test: QWEN_BPF_KERNELS=none: no VM" >&2; exit 0; }
-status=0
-summary=()
+[ "$kernels" = none ] && { echo "test: QWEN_BPF_KERNELS=none: no VM" >&2; exit $status; }
 for k in $kernels; do
   start=$(date +%s)
   if scripts/vm-test.sh "$k" -- scripts/smoke.sh; then r=passed; else r=FAILED; status=1; fi

@@ -253,8 +253,10 @@ pub fn classify(p: &ProbeResults) -> Result<()> {
 }
 
 /// Checks, before loading anything, that the kernel has what qwen_bpf needs and that this
-/// process may use it: [`classify`] of [`probe_results`]. Missing privileges and missing features
-/// become distinct typed errors.
+/// process may use it: syscall programs, `bpf_loop` and BPF arenas, with CAP_BPF and
+/// CAP_PERFMON. Missing privileges ([`Error::Privileges`]), an arena refused by a kernel that has
+/// them ([`Error::Refused`]: a policy) and a kernel too old ([`Error::KernelFeature`]) are
+/// distinct typed errors. [`probe`](crate::probe) reports every facility.
 pub fn check_kernel() -> Result<()> {
     classify(&probe_results())
 }
