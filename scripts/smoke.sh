@@ -23,5 +23,6 @@ while read -r target name; do
   fi
 done < scripts/smoke.txt
 [ $doctor -eq 0 ] || { echo "smoke: doctor found a facility missing or a program refused"; fail=$((fail+1)); }
-echo "smoke ($kernel): $pass passed, $fail failed"
+echo "smoke: kernel $kernel done"
+echo "smoke: $pass passed, $fail failed"
 [ $fail -eq 0 ]

@@ -45,5 +45,7 @@ for k in $kernels; do
   if scripts/vm-test.sh "$k" -- scripts/smoke.sh; then r=passed; else r=FAILED; status=1; fi
   summary+=("kernel $k: smoke suite $r ($(( $(date +%s) - start )) s)")
 done
-printf 'test: %s\n' "${summary[@]}" >&2
+printf 'test: %s\n' "${summary[@]}"
+ok=$(printf '%s\n' "${summary[@]}" | grep -c passed || true)
+echo "suites: $ok passed, $(( ${#summary[@]} - ok )) failed"
 exit $status
