@@ -270,7 +270,23 @@ pub(crate) fn load_skel<'obj, B: SkelBuilder<'obj>>(
 ) -> Result<<B::Output as OpenSkel<'obj>>::Output> {
     check_kernel()?;
     let open = builder.open(storage).map_err(|e| load_error(what, e))?;
-    open.load().map_err(|e| load_error(what, e))
+    report::load_explained(|| open.load()).map_err(|(e, why)| load_refused(what, e, why))
+}
+
+/// [`load_error`], naming the program the verifier refused and its last line when known
+/// (from [`report::load_explained`]), with the kernel's release.
+pub(crate) fn load_refused(what: &str, e: libbpf_rs::Error, why: Option<(String, String)>) -> Error {
+    match (load_error(what, e), why) {
+        (Error::Bpf { what, detail }, Some((prog, line))) => Error::Bpf {
+            what,
+            detail: format!(
+                "kernel {}'s verifier refused program `{prog}`: {line} ({detail}; \
+                 `cargo run --release --example doctor -- --programs -v` prints every program's answer)",
+                kernel_release().unwrap_or_else(|| "(unknown)".into())
+            ),
+        },
+        (other, _) => other,
+    }
 }
 
 /// Turns a libbpf-rs failure while opening or loading `what` into the crate's error.

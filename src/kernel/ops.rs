@@ -308,8 +308,8 @@ fn open_and_load(
         .arena
         .set_max_entries(pages)
         .map_err(|e| load_error("the arena map", e))?;
-    open.load()
-        .map_err(|e| load_error("the operator programs", e))
+    super::report::load_explained(|| open.load())
+        .map_err(|(e, why)| super::load_refused("the operator programs", e, why))
 }
 
 /// How many instructions the verifier processed for the loaded program `prog`.

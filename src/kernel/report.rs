@@ -75,6 +75,37 @@ fn capture(_level: PrintLevel, msg: String) {
     LOG.lock().unwrap_or_else(|e| e.into_inner()).push_str(&msg);
 }
 
+fn capture_and_print(level: PrintLevel, msg: String) {
+    eprint!("{msg}");
+    capture(level, msg);
+}
+
+/// The program a libbpf log says failed to load (`libbpf: prog 'NAME': failed to load`).
+pub fn refused_program(log: &str) -> Option<String> {
+    log.lines().find_map(|l| {
+        let rest = l.split("prog '").nth(1)?;
+        let (name, tail) = rest.split_once('\'')?;
+        tail.contains("failed to load").then(|| name.to_string())
+    })
+}
+
+/// Runs `load` (a skeleton's load) with libbpf's warnings still printed to stderr and also
+/// captured; when it fails, also returns the program the kernel refused and why (the verifier's
+/// last line), when libbpf said so. Loads on other threads meanwhile may add to the capture.
+pub(crate) fn load_explained<T>(
+    load: impl FnOnce() -> std::result::Result<T, libbpf_rs::Error>,
+) -> std::result::Result<T, (libbpf_rs::Error, Option<(String, String)>)> {
+    let previous = libbpf_rs::set_print(Some((PrintLevel::Warn, capture_and_print)));
+    LOG.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    let r = load();
+    let log = std::mem::take(&mut *LOG.lock().unwrap_or_else(|e| e.into_inner()));
+    libbpf_rs::set_print(previous);
+    r.map_err(|e| {
+        let why = refused_program(&log).zip(refusal_line(&log));
+        (e, why)
+    })
+}
+
 /// The line of a libbpf log that says why the verifier refused a program: the last line of the
 /// program's load log that is not the verifier's closing statistics, or libbpf's own last warning.
 pub fn refusal_line(log: &str) -> Option<String> {
@@ -196,6 +227,17 @@ mod tests {
             Some("kfunc 'bpf_wq_set_callback_impl' is referenced but wasn't resolved")
         );
         assert_eq!(refusal_line(""), None);
+    }
+
+    #[test]
+    fn the_refused_program_is_named_from_libbpfs_log() {
+        let log = "libbpf: prog 'ev_xdp': BPF program load failed: -EACCES\n\
+                   libbpf: prog 'ev_xdp': -- BEGIN PROG LOAD LOG --\n\
+                   R4 invalid zero-sized read: u64=[0,1023]\n\
+                   -- END PROG LOAD LOG --\n\
+                   libbpf: prog 'ev_xdp': failed to load: -EACCES\n";
+        assert_eq!(refused_program(log).as_deref(), Some("ev_xdp"));
+        assert_eq!(refused_program("libbpf: failed to load object 'ops_bpf'\n"), None);
     }
 
     #[test]
