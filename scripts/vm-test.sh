@@ -125,7 +125,7 @@ tailer=$!
 
 boot() { # $@: extra vng flags
   vng --run "$version" --rw --cpus "$(nproc)" --memory "$memory" "$@" \
-    ${QWEN_BPF_VM_VERBOSE:+--verbose} --exec "$work/run.sh" >"$work/console" 2>&1 || true
+    --verbose --exec "$work/run.sh" >"$work/console" 2>&1 || true
 }
 # KVM, when it boots at all, is asked once per host boot and kernel (a guest that hangs under
 # nested virtualisation is cut off after 60 s); the answer is kept in the cache.
@@ -143,7 +143,8 @@ sleep 0.3
 kill "$tailer" 2>/dev/null || true
 if [ ! -f "$work/rc" ]; then
   echo "vm-test: the VM ($version, $accel) never finished the command; its console's last lines:" >&2
-  tail -n 25 "$work/console" >&2
+  tail -n 40 "$work/console" >&2
+  cp "$work/console" "$runs/last-failed-console.txt" 2>/dev/null || true
   exit 125
 fi
 rc="$(cat "$work/rc")"
