@@ -42,7 +42,14 @@ kernels="${QWEN_BPF_KERNELS:-$(awk '!/^[[:space:]]*(#|$)/ {print $1}' scripts/ke
 [ "$kernels" = none ] && { echo "test: QWEN_BPF_KERNELS=none: no VM" >&2; exit $status; }
 for k in $kernels; do
   start=$(date +%s)
-  if scripts/vm-test.sh "$k" -- scripts/smoke.sh; then r=passed; else r=FAILED; status=1; fi
+  # 125: the VM never ran the command to its end (a boot or an emulator that died), not a test
+  # that failed: that, and only that, is tried once more
+  rc=0; scripts/vm-test.sh "$k" -- scripts/smoke.sh || rc=$?
+  if [ $rc -eq 125 ]; then
+    echo "test: kernel $k: the VM did not finish; trying it once more" >&2
+    rc=0; scripts/vm-test.sh "$k" -- scripts/smoke.sh || rc=$?
+  fi
+  if [ $rc -eq 0 ]; then r=passed; else r="FAILED (exit $rc)"; status=1; fi
   summary+=("kernel $k: smoke suite $r ($(( $(date +%s) - start )) s)")
 done
 printf 'test: %s\n' "${summary[@]}"
