@@ -72,8 +72,8 @@ typedef __u64 u64;
 
 /* n checked to lie in [1, max], as a value whose bounds every verifier can prove, or a jump to
  * `fail`. For a helper's size argument: clang compiles `n >= 1 && n <= max` into one unsigned
- * compare of n - 1 and then passes n itself, whose lower bound verifiers before 7.x never learn
- * ("invalid zero-sized read"); here the compare is on an opaque n - 1 and the size passed is
+ * compare of n - 1 (or `n == 0`) and then passes n itself, whose lower bound the verifiers of
+ * 6.12, 6.18.15 and 7.3.4 do not learn ("invalid zero-sized read"); here the compare is on an opaque n - 1 and the size passed is
  * rebuilt from that same register. */
 #define QB_LEN(n, max, fail)                                                              \
 	({                                                                                \
