@@ -39,7 +39,11 @@ fn main() -> ExitCode {
         println!("programs (each loaded alone):");
         for p in program_loads() {
             match &p.result {
-                Ok(insns) => println!("  {:<10} {:<22} ok, {insns} instructions verified", p.kind.name(), p.name),
+                Ok(insns) => println!(
+                    "  {:<10} {:<22} ok, {insns} instructions verified",
+                    p.kind.name(),
+                    p.name
+                ),
                 Err(why) => {
                     ok = false;
                     println!("  {:<10} {:<22} REFUSED: {why}", p.kind.name(), p.name);
@@ -52,5 +56,9 @@ fn main() -> ExitCode {
             }
         }
     }
-    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
 }

@@ -158,7 +158,10 @@ fn main() -> ExitCode {
             let result = run(&args);
             if matches!(
                 result,
-                Err(Error::Refused { .. } | Error::KernelFeature { .. } | Error::Privileges { .. } | Error::Bpf { .. })
+                Err(Error::Refused { .. }
+                    | Error::KernelFeature { .. }
+                    | Error::Privileges { .. }
+                    | Error::Bpf { .. })
             ) {
                 // what the kernel allows, facility by facility (as `doctor` prints it)
                 eprintln!("generate: this kernel (doctor's report):");

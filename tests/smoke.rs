@@ -10,7 +10,9 @@ mod common;
 mod tok_corpus;
 
 use qwen_bpf::verify::twin::TwinModel;
-use qwen_bpf::{Dispatch, GenerateOptions, KernelTokenizer, ModelOptions, SamplingParams, Tokenizer};
+use qwen_bpf::{
+    Dispatch, GenerateOptions, KernelTokenizer, ModelOptions, SamplingParams, Tokenizer,
+};
 
 const TOKENS: [u32; 5] = [785, 3974, 13876, 151644, 0];
 
@@ -26,14 +28,24 @@ fn forward_per_operator_and_in_one_invocation_equals_the_twin() {
     let dir = common::tiny_model("smoke-tiny");
     let mut per_op = common::open(&dir, options(Dispatch::PerOp));
     let mut plan = common::open(&dir, options(Dispatch::Kernel));
-    assert_eq!(plan.dispatch(), Dispatch::Kernel, "the plan runs in the kernel");
+    assert_eq!(
+        plan.dispatch(),
+        Dispatch::Kernel,
+        "the plan runs in the kernel"
+    );
     let mut twin = TwinModel::open(&dir, &dir, 32).unwrap();
     for (i, &t) in TOKENS.iter().enumerate() {
         let (want, _) = twin.forward(t).unwrap();
         let got = per_op.forward_fixed(t).unwrap().to_vec();
-        assert_eq!(got, want, "logits at position {i}: BPF per operator vs Rust twin");
+        assert_eq!(
+            got, want,
+            "logits at position {i}: BPF per operator vs Rust twin"
+        );
         let got = plan.forward_fixed(t).unwrap().to_vec();
-        assert_eq!(got, want, "logits at position {i}: BPF plan (one invocation) vs Rust twin");
+        assert_eq!(
+            got, want,
+            "logits at position {i}: BPF plan (one invocation) vs Rust twin"
+        );
     }
 }
 
@@ -44,7 +56,10 @@ fn generation_in_the_kernel_greedy_and_seeded_equals_user_space() {
     let prompt = [785, 3974, 13876];
     for sampling in [
         SamplingParams::greedy(),
-        SamplingParams::new(0.8).with_top_k(40).with_top_p(0.95).with_seed(7),
+        SamplingParams::new(0.8)
+            .with_top_k(40)
+            .with_top_p(0.95)
+            .with_seed(7),
     ] {
         let opts = GenerateOptions::new(8).with_sampling(sampling.clone());
         m.reset();
@@ -74,7 +89,11 @@ fn the_kernel_tokenizer_equals_the_tokenizers_crate_on_300_strings() {
     let mut checked = 0;
     for s in corpus.iter().step_by(step).take(300) {
         let want = tok.encode(s).unwrap();
-        assert_eq!(kernel.encode(s).unwrap(), want, "ids of {s:?}: kernel vs tokenizers crate");
+        assert_eq!(
+            kernel.encode(s).unwrap(),
+            want,
+            "ids of {s:?}: kernel vs tokenizers crate"
+        );
         checked += 1;
     }
     assert_eq!(checked, 300);
