@@ -3,62 +3,9 @@
 //! verifier takes the operator object's programs (each loaded alone) and how many instructions
 //! it processed.
 //!
-//! ```text
-//! cargo run --release --example doctor [-- --programs]
-//! ```
-//!
-//! Exits 0 when every facility works and every program loads, 1 otherwise. Needs root (or
-//! CAP_BPF + CAP_PERFMON) for the answers to mean anything.
+//! `cargo run --release --example doctor -- ARGS` is `qwen-bpf doctor ARGS`: the same code
+//! (`src/cli/doctor.rs`, where the flags are documented), flags and output.
 
-use std::process::ExitCode;
-
-use clap::Parser;
-use qwen_bpf::program_loads;
-
-#[derive(Parser, Debug)]
-#[command(about = "What this kernel lets qwen_bpf do: facilities and programs")]
-struct Args {
-    /// Also load every program alone and report the verifier's answer for each.
-    #[arg(long)]
-    programs: bool,
-    /// With --programs: print the end of the verifier's log of every refused program.
-    #[arg(long, short)]
-    verbose: bool,
-}
-
-fn main() -> ExitCode {
-    let args = Args::parse();
-    let mut ok = true;
-    let report = qwen_bpf::probe();
-    println!("kernel {}", report.kernel);
-    for f in &report.features {
-        ok &= f.works();
-        println!("  {:<24} {}", f.name, f.describe());
-    }
-    if args.programs {
-        println!("programs (each loaded alone):");
-        for p in program_loads() {
-            match &p.result {
-                Ok(insns) => println!(
-                    "  {:<10} {:<22} ok, {insns} instructions verified",
-                    p.kind.name(),
-                    p.name
-                ),
-                Err(why) => {
-                    ok = false;
-                    println!("  {:<10} {:<22} REFUSED: {why}", p.kind.name(), p.name);
-                    if args.verbose {
-                        for l in &p.log_tail {
-                            println!("      | {l}");
-                        }
-                    }
-                }
-            }
-        }
-    }
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+fn main() -> std::process::ExitCode {
+    qwen_bpf::cli::example(qwen_bpf::cli::doctor::main)
 }

@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 kernel="$(uname -r)"
 echo "smoke: kernel $kernel"
-./target/release/examples/doctor --programs -v
+./target/release/qwen-bpf doctor --programs -v
 doctor=$?
 pass=0 fail=0 failed=()
 while read -r target name; do

@@ -21,12 +21,12 @@ cargo test --release --workspace --no-run
 # candle and proptest): they run on any host.
 pure=(
   cargo test --release --no-fail-fast --workspace --lib
-  --test api_docs --test checkpoint --test filter_rule --test layers --test reference
+  --test api_docs --test checkpoint --test filter_rule --test layers --test file_map --test reference
   --test swar_accuracy --test tokenizer --test candle_peer --test filter_model --test fuzz
 )
 
 status=0
-./target/release/examples/doctor >target/doctor-host.txt 2>&1 || true
+./target/release/qwen-bpf doctor >target/doctor-host.txt 2>&1 || true
 if grep -q '^  programs and arena *yes' target/doctor-host.txt; then
   echo "test: this host runs BPF arenas: every test runs here" >&2
   cargo test --release --no-fail-fast --workspace || status=1
@@ -34,6 +34,9 @@ else
   cause="$(grep '^  programs and arena' target/doctor-host.txt | sed 's/^  programs and arena *NO: //')"
   echo "test: this host cannot run the BPF tests (${cause:-see target/doctor-host.txt}); here only the tests that need no BPF, and the BPF smoke suite in VMs" >&2
   "${pure[@]}" || status=1
+  # tests/cli.rs: its `kernel_` test needs arenas and is in the VMs' smoke suite
+  echo "test: tests/cli.rs here without its kernel_ test, which the VMs run" >&2
+  cargo test --release --test cli -- --skip kernel_ || status=1
   cargo test --release -p qwen_bpf --doc || status=1
 fi
 summary=("host: $([ $status -eq 0 ] && echo passed || echo FAILED)")

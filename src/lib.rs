@@ -76,6 +76,12 @@ layers! {
     run;
 }
 
+/// The `qwen-bpf` command line: one module per subcommand, which the `qwen-bpf` binary and the
+/// examples of the same names run. Outside semver; the library API is the crate root.
+#[cfg(feature = "cli")]
+#[doc(hidden)]
+pub mod cli;
+
 pub use error::{Error, Result};
 pub use forward::Forward;
 pub use hf::checkpoint::Checkpoint;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT OR GPL-2.0-only
-/* The exact LM-head argmax from a low-bit screen (src/screen.rs has the scheme, the proof and
- * the Rust twin). Included at the end of ops.bpf.c, after swar.inc.c: it calls the exact heads'
+/* The exact LM-head argmax from a low-bit screen (src/num/bound.rs has the scheme and
+ * its proof, src/store/screen.rs the driver). Included at the end of ops.bpf.c, after swar.inc.c: it calls the exact heads'
  * row functions (row1_q24, w8a16_rows4), so that a rescored logit is the very integer
  * lm_head_argmax / w8a16_lm_head_argmax computes.
  *
