@@ -47,7 +47,8 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qwen_bpf::kernel::arena::Region;
-use qwen_bpf::kernel::ops::{Batch, Ops};
+use qwen_bpf::kernel::operators::Batch;
+use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::{fixed, swar};
 use qwen_bpf::verify::reference::{self, Reference};
 use qwen_bpf::{Backend, Checkpoint, Dispatch, GenerateOptions, Model, ModelOptions};
@@ -545,7 +546,7 @@ fn threads(c: &mut Criterion) {
     let s = THREADS_SHAPE;
     let (kvd, pairs) = (
         s.n_kv * s.hd,
-        qwen_bpf::kernel::ops::kv8_pairs(s.n_q, s.n_kv),
+        qwen_bpf::kernel::operators::kv8_pairs(s.n_q, s.n_kv),
     );
     let (rows, cols) = HEAD;
     let bytes = 2 * s.max_ctx * kvd * 4
@@ -569,7 +570,7 @@ fn threads(c: &mut Criterion) {
     let q = put(&mut ops, &random_vec(31, s.n_q * s.hd, 1 << 20), "q");
     let k = put(&mut ops, &random_vec(32, kvd, 1 << 17), "k");
     let v = put(&mut ops, &random_vec(33, kvd, 1 << 17), "v");
-    let q16 = qwen_bpf::kernel::ops::AttentionBuffers {
+    let q16 = qwen_bpf::kernel::operators::AttentionBuffers {
         q,
         k,
         v,
@@ -601,7 +602,7 @@ fn threads(c: &mut Criterion) {
             "steps",
         )
     };
-    let i8b = qwen_bpf::kernel::ops::AttentionI8Buffers {
+    let i8b = qwen_bpf::kernel::operators::AttentionI8Buffers {
         q,
         k,
         v,

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qwen_bpf::kernel::floor::with_mul_peak;
-use qwen_bpf::kernel::ops::kv8_pairs;
+use qwen_bpf::kernel::operators::kv8_pairs;
 use qwen_bpf::{Backend, Checkpoint, KvFormat, Model, ModelOptions};
 
 /// The first token fed (" The").

@@ -120,8 +120,15 @@ pub(crate) fn check_feed(tokens: &[u32], pos: usize, max_context: usize, vocab: 
     if let Some((i, &id)) = tokens.iter().enumerate().find(|&(_, &t)| t as usize >= vocab) {
         return Err(Error::TokenOutOfRange { id, index: pos + i, vocab });
     }
-    if tokens.len() > max_context.saturating_sub(pos) {
-        return Err(Error::ContextOverflow { pos: pos.max(max_context), max_context, tokens: tokens.len() });
+    check_room(tokens.len(), pos, max_context)
+}
+
+/// The one context check: `tokens` more tokens fit a context of `max_context` from position
+/// `pos`, or [`Error::ContextOverflow`]. [`check_feed`] runs it on every feed; the filter on the
+/// most tokens a rule may feed (`CompiledRule::context_needed`, from position 0).
+pub(crate) fn check_room(tokens: usize, pos: usize, max_context: usize) -> Result<()> {
+    if tokens > max_context.saturating_sub(pos) {
+        return Err(Error::ContextOverflow { pos: pos.max(max_context), max_context, tokens });
     }
     Ok(())
 }

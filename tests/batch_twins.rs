@@ -8,7 +8,8 @@ mod common;
 
 use common::Rng;
 use qwen_bpf::kernel::arena::Region;
-use qwen_bpf::kernel::ops::{Batch, Ops};
+use qwen_bpf::kernel::operators::Batch;
+use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::fixed;
 use qwen_bpf::num::limits::BATCH_MAX;
 use qwen_bpf::num::swar::{self, PackedMatrix, QuantX, W4A8, W8A16};

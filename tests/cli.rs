@@ -192,6 +192,58 @@ fn doctor_reports_the_kernel_and_exits_0_only_when_every_facility_works() {
     assert_eq!(o.status.success(), !missing, "{out}");
 }
 
+/// `QWEN_BPF_SKIP_PROGRAMS=tokenizer`, as on a kernel whose verifier refuses the tokenizer's
+/// program: `generate` by ids gives the same text as with every program, and the in-kernel
+/// tokenizer is refused in one line that names why.
+#[test]
+fn kernel_without_the_tokenizer_generate_runs_by_ids() {
+    let dir = common::tiny_model_with_tokenizer("cli");
+    let args = [
+        "generate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tokens",
+        "785,3974,13876",
+        "--max-tokens",
+        "5",
+    ];
+    let with_all = ok(&args, b"");
+    let run = |args: &[&str]| {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_qwen-bpf"))
+            .args(args)
+            .env("QWEN_BPF_SKIP_PROGRAMS", "tokenizer")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"a line to tokenize\n");
+        child.wait_with_output().unwrap()
+    };
+    let o = run(&args);
+    assert!(o.status.success(), "{}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), with_all);
+    let tokenizer = dir.join("tokenizer.json");
+    let o = run(&[
+        "tokenize",
+        "--tokenizer",
+        tokenizer.to_str().unwrap(),
+        "--in-kernel",
+    ]);
+    let err = text(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.starts_with("tokenize: error: ")
+            && err.contains("without the tokenizer: left out by QWEN_BPF_SKIP_PROGRAMS=tokenizer"),
+        "{err}"
+    );
+}
+
 /// The happy path of every subcommand on a tiny model: `generate`; `serve install`, `list`,
 /// `status`, `ask` (the same text as `generate`), `remove`; `tokenize --in-kernel`; `filter
 /// classify`, `install`, `status`, `remove`. (`scripts/smoke.sh` runs `doctor --programs` first.)

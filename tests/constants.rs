@@ -1,12 +1,13 @@
 //! Every constant that the BPF C and the Rust side both use, as the programs were compiled
 //! (the `constants` program reports them), against its Rust mirror: the plan's format and its
 //! operator ids in order, the event path's datagram, records and refusal reasons, generation's
-//! statuses and limits, the SWAR and int8-KV kernels' bounds, the sampler's constants. (fixed.h and limits.h are compared
+//! statuses and limits, the SWAR and int8-KV kernels' bounds, the sampler's constants, the
+//! packet filter's limits, actions and step status. (fixed.h and limits.h are compared
 //! by tests/ops_twins.rs and tests/limits.rs through the `formats` program.)
 
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::kernel::tokenize;
-use qwen_bpf::kernel::{plan, ring};
+use qwen_bpf::kernel::{filter, plan, ring};
 use qwen_bpf::num::{kv8, sample, swar, tok_tables, tok_twin};
 use qwen_bpf::run::{event, in_kernel, wire};
 
@@ -322,6 +323,56 @@ fn every_constant_shared_by_c_and_rust_is_the_same_on_both_sides() {
             "KV8_HD_MAX vs kv8::HD_MAX",
             c.kv8_hd_max as i64,
             kv8::HD_MAX as i64,
+        ),
+        (
+            "FLT_SUFFIX_MAX vs filter::SUFFIX_MAX",
+            c.flt_suffix_max as i64,
+            filter::SUFFIX_MAX as i64,
+        ),
+        (
+            "FLT_STEPS_MAX vs filter::STEPS_MAX",
+            c.flt_steps_max as i64,
+            filter::STEPS_MAX as i64,
+        ),
+        (
+            "FLT_FLOWS vs filter::FLOWS",
+            c.flt_flows as i64,
+            filter::FLOWS as i64,
+        ),
+        (
+            "FLT_NAME_MAX vs filter::NAME_MAX",
+            c.flt_name_max as i64,
+            filter::NAME_MAX as i64,
+        ),
+        (
+            "FLT_EXCERPT vs filter::EXCERPT",
+            c.flt_excerpt as i64,
+            filter::EXCERPT as i64,
+        ),
+        (
+            "FLT_PASS vs filter::PASS",
+            c.flt_pass as i64,
+            filter::PASS as i64,
+        ),
+        (
+            "FLT_DROP vs filter::DROP",
+            c.flt_drop as i64,
+            filter::DROP as i64,
+        ),
+        (
+            "FLT_COUNT vs filter::COUNT",
+            c.flt_count as i64,
+            filter::COUNT as i64,
+        ),
+        (
+            "FLT_MORE vs filter::MORE",
+            c.flt_more as i64,
+            filter::MORE as i64,
+        ),
+        (
+            "FLT_SLOTS_MAX vs event::SLOTS_MAX",
+            c.flt_slots_max as i64,
+            event::SLOTS_MAX as i64,
         ),
     ];
     let differ: Vec<String> = pairs

@@ -8,7 +8,8 @@ mod common;
 
 use common::Rng;
 use qwen_bpf::kernel::arena::Region;
-use qwen_bpf::kernel::ops::{kv8_pairs, AttentionI8Buffers, Ops};
+use qwen_bpf::kernel::operators::{kv8_pairs, AttentionI8Buffers};
+use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::fixed::{self, AttnShape};
 use qwen_bpf::num::kv8;
 

@@ -2,7 +2,8 @@
 //! layer and those below it, never one above (see README, "Architecture"). The test reads every
 //! `crate::` path in `src/` (imports and paths in code alike), resolves the names `lib.rs`
 //! re-exports to the module they come from, and fails on a use of a higher layer. It also fails
-//! on a circle between the layer folders, and on a source file (`.rs`, `.c`, `.h`) above 800 lines.
+//! on a circle between the layer folders or between any two files (through any chain of imports),
+//! and on a source file (`.rs`, `.c`, `.h`) above 800 lines.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -215,4 +216,234 @@ fn no_source_file_is_longer_than_800_lines() {
         })
         .collect();
     assert!(long.is_empty(), "files above 800 lines: {long:?}");
+}
+
+/// Every path a Rust `use` tree (or a path in code) starting at byte `i` of `s` names, each as
+/// its segments after `prefix`: `a::{b, c::{d, self}}` gives `a::b`, `a::c::d` and `a::c`.
+fn use_tree(s: &[u8], i: &mut usize, mut prefix: Vec<String>, out: &mut Vec<Vec<String>>) {
+    let skip_ws = |i: &mut usize| {
+        while *i < s.len() && s[*i].is_ascii_whitespace() {
+            *i += 1;
+        }
+    };
+    loop {
+        skip_ws(i);
+        if *i < s.len() && s[*i] == b'{' {
+            *i += 1;
+            loop {
+                skip_ws(i);
+                if *i >= s.len() || s[*i] == b'}' {
+                    *i += 1;
+                    return;
+                }
+                use_tree(s, i, prefix.clone(), out);
+                skip_ws(i);
+                if *i < s.len() && s[*i] == b',' {
+                    *i += 1;
+                }
+            }
+        }
+        let start = *i;
+        while *i < s.len() && (s[*i].is_ascii_alphanumeric() || s[*i] == b'_') {
+            *i += 1;
+        }
+        let ident = String::from_utf8_lossy(&s[start..*i]).into_owned();
+        if !ident.is_empty() && ident != "self" {
+            prefix.push(ident);
+        }
+        if s[*i..].starts_with(b"::") {
+            *i += 2;
+            continue;
+        }
+        out.push(prefix);
+        return;
+    }
+}
+
+/// The module path of a file of `src/` (`kernel/pins.rs` → `[kernel, pins]`, `kernel/mod.rs` →
+/// `[kernel]`).
+fn module_path(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut m: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if m.last().is_some_and(|l| l == "mod") {
+        m.pop();
+    }
+    m
+}
+
+/// The file that module path `m` (segments after the crate root, `super` and `self` already
+/// applied) lands in: the deepest module file it names; later segments are items.
+fn file_of(src: &Path, m: &[String]) -> PathBuf {
+    let (mut dir, mut file) = (src.to_path_buf(), src.join("lib.rs"));
+    for seg in m {
+        if dir.join(seg).is_dir() {
+            dir = dir.join(seg);
+            file = dir.join("mod.rs");
+        } else if dir.join(format!("{seg}.rs")).is_file() {
+            return dir.join(format!("{seg}.rs"));
+        } else {
+            break;
+        }
+    }
+    file
+}
+
+/// The imports between the files of `src/` (the crate root and the binary left out): every
+/// `crate::`, `super::` and `self::` path of a file's code, `use` groups included, resolved to the
+/// file it lands in; a name the crate root re-exports resolves to the file it comes from.
+fn file_edges(src: &Path) -> BTreeSet<(PathBuf, PathBuf)> {
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    let mut roots: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (at, _) in lib.match_indices("pub use ") {
+        let mut paths = Vec::new();
+        use_tree(
+            lib.as_bytes(),
+            &mut (at + "pub use ".len()),
+            Vec::new(),
+            &mut paths,
+        );
+        for p in paths {
+            if let Some((name, module)) = p.split_last() {
+                roots.insert(name.clone(), module.to_vec());
+            }
+        }
+    }
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    let mut edges = BTreeSet::new();
+    for file in &files {
+        if file.ends_with("lib.rs") || file.starts_with(src.join("bin")) {
+            continue;
+        }
+        let here = module_path(src, file);
+        let code: String = std::fs::read_to_string(file)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        let s = code.as_bytes();
+        // a `mod.rs` may name its children without a prefix: `pub use options::{ModelOptions}`
+        if file.ends_with("mod.rs") {
+            for (at, _) in code.match_indices("use ") {
+                let mut paths = Vec::new();
+                use_tree(s, &mut (at + "use ".len()), Vec::new(), &mut paths);
+                for p in paths {
+                    let child = file.parent().unwrap().join(&p[0]);
+                    if child.is_dir() || child.with_extension("rs").is_file() {
+                        let full: Vec<String> = here.iter().chain(&p).cloned().collect();
+                        edges.insert((file.clone(), file_of(src, &full)));
+                    }
+                }
+            }
+        }
+        for kw in ["crate::", "super::", "self::"] {
+            for (at, _) in code.match_indices(kw) {
+                if at > 0
+                    && (s[at - 1].is_ascii_alphanumeric() || s[at - 1] == b'_' || s[at - 1] == b':')
+                {
+                    continue; // `qwen_bpf_crate::`, or the `super::` of `super::super::`
+                }
+                let mut base = match kw {
+                    "crate::" => Vec::new(),
+                    _ => here.clone(),
+                };
+                let mut i = at;
+                // `super::super::x`: each `super` climbs one module
+                while s[i..].starts_with(b"super::") {
+                    base.pop();
+                    i += "super::".len();
+                }
+                if kw == "self::" {
+                    i += kw.len();
+                } else if kw == "crate::" {
+                    i += kw.len();
+                }
+                let mut paths = Vec::new();
+                use_tree(s, &mut i, Vec::new(), &mut paths);
+                for p in paths {
+                    let full = match (kw, p.first().and_then(|n| roots.get(n))) {
+                        ("crate::", Some(module)) if file_of(src, &p[..1]).ends_with("lib.rs") => {
+                            module.clone()
+                        }
+                        _ => base.iter().chain(&p).cloned().collect(),
+                    };
+                    let to = file_of(src, &full);
+                    if &to != file && !to.ends_with("lib.rs") {
+                        edges.insert((file.clone(), to));
+                    }
+                }
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn no_two_files_import_each_other_through_any_chain() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let edges = file_edges(&src);
+    // the scan sees imports: a few that must be there
+    for (from, to) in [
+        ("kernel/filter.rs", "kernel/pins.rs"),
+        ("model/mod.rs", "kernel/ops.rs"),
+        ("run/serve.rs", "model/mod.rs"),
+        ("kernel/swar_ops.rs", "kernel/operators.rs"),
+    ] {
+        assert!(
+            edges.contains(&(src.join(from), src.join(to))),
+            "the scan misses {from} -> {to}"
+        );
+    }
+    let next = |f: &PathBuf| -> Vec<PathBuf> {
+        edges
+            .iter()
+            .filter(|(a, _)| a == f)
+            .map(|(_, b)| b.clone())
+            .collect()
+    };
+    let nodes: BTreeSet<PathBuf> = edges.iter().map(|(a, _)| a.clone()).collect();
+    for start in &nodes {
+        // a path from start back to start: depth-first, remembering each file's predecessor
+        let mut pred: BTreeMap<PathBuf, PathBuf> = BTreeMap::new();
+        let mut stack = vec![start.clone()];
+        while let Some(f) = stack.pop() {
+            for to in next(&f) {
+                if &to == start {
+                    let mut chain = vec![f.clone()];
+                    while let Some(p) = pred.get(chain.last().unwrap()) {
+                        chain.push(p.clone());
+                    }
+                    let names: Vec<String> = chain
+                        .iter()
+                        .rev()
+                        .chain([start])
+                        .map(|p| p.strip_prefix(&src).unwrap().display().to_string())
+                        .collect();
+                    panic!("an import circle: {}", names.join(" -> "));
+                }
+                if !pred.contains_key(&to) {
+                    pred.insert(to.clone(), f.clone());
+                    stack.push(to);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_file_scan_reads_nested_use_groups() {
+    let mut out = Vec::new();
+    use_tree(b"a::{b, c::{d, self}}, e;", &mut 0, Vec::new(), &mut out);
+    let got: Vec<String> = out.iter().map(|p| p.join("::")).collect();
+    assert_eq!(got, ["a::b", "a::c::d", "a::c"]);
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    assert_eq!(module_path(&src, &src.join("kernel/mod.rs")), ["kernel"]);
+    assert!(
+        file_of(&src, &["kernel".into(), "ops".into(), "Ops".into()]).ends_with("kernel/ops.rs")
+    );
+    assert!(file_of(&src, &["model".into(), "Model".into()]).ends_with("model/mod.rs"));
 }

@@ -6,7 +6,8 @@ mod common;
 
 use common::Rng;
 use qwen_bpf::kernel::arena::Region;
-use qwen_bpf::kernel::ops::{AttentionBuffers, Ops};
+use qwen_bpf::kernel::operators::AttentionBuffers;
+use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::fixed::{self, AttnShape};
 
 fn ops() -> Ops {

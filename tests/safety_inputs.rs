@@ -20,7 +20,7 @@ use common::safety::{
     serial, small_config, small_model,
 };
 use qwen_bpf::hf::synth::SynthOptions;
-use qwen_bpf::model::check_memory;
+use qwen_bpf::model::open::check_memory;
 use qwen_bpf::store::{cache, q24};
 use qwen_bpf::{Checkpoint, Config, Error, Model};
 use serde_json::Value;
@@ -592,6 +592,6 @@ fn oversized_requests_are_refused_before_anything_is_loaded() {
     }
     check_memory(3 << 30, 2 << 30, 5 << 20, 4096, Some(6 << 30)).unwrap();
     check_memory(usize::MAX, usize::MAX, 1, 1, None).unwrap();
-    let avail = qwen_bpf::model::mem_available().expect("MemAvailable in /proc/meminfo");
+    let avail = qwen_bpf::model::open::mem_available().expect("MemAvailable in /proc/meminfo");
     assert!(avail > 1 << 20, "MemAvailable {avail}");
 }

@@ -600,7 +600,7 @@ _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is li
 
 /* Every constant that C and Rust both use beyond fixed.h and limits.h (which `formats`
  * reports): the plan's format, the event path's datagram and records, generation's statuses,
- * the SWAR and int8-KV kernels' bounds. tests/constants.rs compares each with its Rust mirror. */
+ * the SWAR and int8-KV kernels' bounds, the filter's. tests/constants.rs compares each with its Rust mirror. */
 struct constants_args {
 	u32 plan_args_words, plan_patches, plan_threads_max, plan_sync, plan_head;
 	u32 plan_var_token, plan_var_pos, op_count;
@@ -619,6 +619,9 @@ struct constants_args {
 	u32 tok_magic, tok_scratch_bytes, tok_args_bytes;
 	s32 tok_e_text, tok_e_ids, tok_e_utf8, tok_e_cps, tok_e_word, tok_e_marks, tok_e_tables;
 	s32 tok_e_budget;
+	u32 flt_suffix_max, flt_steps_max, flt_flows, flt_name_max, flt_excerpt;
+	u32 flt_pass, flt_drop, flt_count, flt_slots_max;
+	s32 flt_more;
 	char op_names[256]; /* PLAN_OP_NAMES, NUL-terminated */
 };
 
@@ -692,6 +695,16 @@ int constants(struct constants_args *a)
 	a->tok_e_marks = TOK_E_MARKS;
 	a->tok_e_tables = TOK_E_TABLES;
 	a->tok_e_budget = TOK_E_BUDGET;
+	a->flt_suffix_max = FLT_SUFFIX_MAX;
+	a->flt_steps_max = FLT_STEPS_MAX;
+	a->flt_flows = FLT_FLOWS;
+	a->flt_name_max = FLT_NAME_MAX;
+	a->flt_excerpt = FLT_EXCERPT;
+	a->flt_pass = FLT_PASS;
+	a->flt_drop = FLT_DROP;
+	a->flt_count = FLT_COUNT;
+	a->flt_slots_max = FLT_SLOTS_MAX;
+	a->flt_more = FLT_MORE;
 	for (u32 i = 0; i < sizeof(plan_op_names); i++)
 		a->op_names[i] = plan_op_names[i];
 	return 0;

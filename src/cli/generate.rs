@@ -24,6 +24,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use crate::kernel::syscalls::BpfSyscalls;
+use crate::kernel::verifier::ProgramKind;
 use crate::run::event::request_datagram;
 use crate::{
     Backend, Config, Dispatch, Error, Event, EventConfig, FinishReason, GenerateOptions, KvFormat,
@@ -198,12 +199,8 @@ fn run(args: &Args) -> Result<()> {
         Some(m) => m,
         None => (saved + prompt.len() + max_tokens - 1).min(cfg.max_position_embeddings),
     };
-    if saved + prompt.len() > max_context {
-        return Err(Error::Invalid(format!(
-            "the prompt has {} tokens after a saved context of {saved}, but the context holds {max_context} (--max-context)",
-            prompt.len()
-        )));
-    }
+    // before the (long) load: the prompt fits after the saved context (--max-context)
+    crate::types::check_room(prompt.len(), saved, max_context)?;
     // <|im_end|> and <|endoftext|> (or, without a tokenizer, the config's eos_token_id).
     let eos: Vec<u32> = match &tokenizer {
         Some(tok) => tok.eos_ids(),
@@ -244,9 +241,14 @@ fn run(args: &Args) -> Result<()> {
     }
     let mut model = Model::open(&dir, &opts)?;
     // generation runs wholly in the kernel when the step does; greedy not with the screened
-    // head, which needs user space after each step (sampling reads the full head's logits)
-    let in_kernel =
-        event || (model.dispatch() == Dispatch::Kernel && (!greedy || !model.screened_head()));
+    // head, which needs user space after each step (sampling reads the full head's logits);
+    // not either where the kernel refused the `generate` program (or the sampler's, to sample)
+    let refused = |k| model.loaded_without(k);
+    let in_kernel = event
+        || (model.dispatch() == Dispatch::Kernel
+            && (!greedy || !model.screened_head())
+            && !refused(ProgramKind::Generation)
+            && (greedy || !refused(ProgramKind::Sampler)));
     if in_kernel {
         if let Some(tok) = &tokenizer {
             model.load_vocabulary(tok)?;

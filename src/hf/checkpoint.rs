@@ -11,42 +11,7 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::{Config, Error, Result};
 
-/// The tensors a Qwen3 checkpoint must hold for `cfg`, with their shapes, in HF names.
-/// `lm_head.weight` is listed only when the embeddings are not tied.
-pub fn tensor_specs(cfg: &Config) -> Vec<(String, Vec<usize>)> {
-    let (h, i, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.head_dim());
-    let mut v = vec![(
-        "model.embed_tokens.weight".to_string(),
-        vec![cfg.vocab_size, h],
-    )];
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        v.extend([
-            (format!("{p}.input_layernorm.weight"), vec![h]),
-            (format!("{p}.self_attn.q_proj.weight"), vec![cfg.q_dim(), h]),
-            (
-                format!("{p}.self_attn.k_proj.weight"),
-                vec![cfg.kv_dim(), h],
-            ),
-            (
-                format!("{p}.self_attn.v_proj.weight"),
-                vec![cfg.kv_dim(), h],
-            ),
-            (format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.q_dim()]),
-            (format!("{p}.self_attn.q_norm.weight"), vec![hd]),
-            (format!("{p}.self_attn.k_norm.weight"), vec![hd]),
-            (format!("{p}.post_attention_layernorm.weight"), vec![h]),
-            (format!("{p}.mlp.gate_proj.weight"), vec![i, h]),
-            (format!("{p}.mlp.up_proj.weight"), vec![i, h]),
-            (format!("{p}.mlp.down_proj.weight"), vec![h, i]),
-        ]);
-    }
-    v.push(("model.norm.weight".to_string(), vec![h]));
-    if !cfg.tie_word_embeddings {
-        v.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h]));
-    }
-    v
-}
+pub use super::config::tensor_specs;
 
 /// Where one tensor's bytes are.
 #[derive(Debug, Clone)]

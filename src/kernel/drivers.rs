@@ -153,6 +153,7 @@ impl Ops {
                 std::ptr::write_volatile(&mut bss.gen_stop, [0; 8]);
             }
         }
+        self.require("generate").map_err(PlanFailure::Error)?;
         let prog = self.skel.progs.generate.as_fd();
         let rcs = run_threads(prog, "generate", args);
         self.runs += args.len() as u64;
@@ -211,6 +212,7 @@ impl Ops {
         bss.ev_reclaimed = 0;
         bss.ev_reply_failed = 0;
         if init {
+            self.require("ev_setup")?;
             let mut none = 0u64;
             match test_run(self.skel.progs.ev_setup.as_fd(), "ev_setup", &mut none)? {
                 0 => {}

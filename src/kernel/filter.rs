@@ -2,14 +2,14 @@
 //! payload with `filter_classify`, pinning the XDP filter, and reading its state back from the
 //! pins ([`PinnedFilter`]).
 
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
 use super::ops::skel::types::{bss, flt_slot};
 use super::ops::{GenArgs, Ops};
-use super::pins::{self, XdpMode};
+use super::pins;
 use super::test_run;
 use crate::{Error, Result};
 
@@ -26,6 +26,11 @@ pub use crate::num::limits::{
 };
 /// Tokens of the template after the payload (`FLT_SUFFIX_MAX`).
 pub const SUFFIX_MAX: usize = 512;
+/// Label steps the kernel takes (`FLT_STEPS_MAX`): every label token after a label's first.
+pub const STEPS_MAX: usize = 32;
+const _: () = assert!(STEPS_MAX >= LABELS_MAX * (LABEL_TOKENS_MAX - 1));
+/// Bytes of a label's name the kernel keeps for `status`, its NUL included (`FLT_NAME_MAX`).
+pub const NAME_MAX: usize = 32;
 /// Entries of the flow table (`FLT_FLOWS`), least recently used evicted first.
 pub const FLOWS: usize = 65536;
 /// Payload bytes a verdict record carries (`FLT_EXCERPT`).
@@ -39,10 +44,6 @@ pub const DROP: u32 = 1;
 /// See [`PASS`].
 pub const COUNT: u32 = 2;
 
-/// The maps a pinned filter needs, by file name (`bss` is the object's `.bss`).
-pub const MAP_PINS: [&str; 5] = ["arena", "bss", "flt_slots", "flt_flows", "flt_log"];
-/// The programs pinned.
-pub const PROG_PINS: [&str; 2] = ["flt_xdp", "flt_setup"];
 
 /// What `filter_classify` computed for one payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -82,6 +83,7 @@ impl Ops {
         bss.flt_label_flows = [0; LABELS_MAX];
         bss.flt_label_packets = [0; LABELS_MAX];
         if init {
+            self.require("flt_setup")?;
             let mut none = 0u64;
             let rc = test_run(self.skel.progs.flt_setup.as_fd(), "flt_setup", &mut none)?;
             if rc != 0 {
@@ -116,6 +118,7 @@ impl Ops {
             ..Default::default()
         };
         a.payload[..payload.len()].copy_from_slice(payload);
+        self.require("filter_classify")?;
         let prog = self.skel.progs.filter_classify.as_fd();
         loop {
             let rc = test_run(prog, "filter_classify", &mut a)?;
@@ -151,32 +154,6 @@ impl Ops {
             prompt_tokens: a.n_prompt as usize,
         })
     }
-
-    /// Attaches the filter's XDP program to `ifindex` in `mode` and pins it, its link and the
-    /// maps it needs under `dir` (see [`pins::pin_attached`]).
-    pub(crate) fn pin_filter(&mut self, ifindex: u32, mode: XdpMode, dir: &Path) -> Result<()> {
-        let s = &self.skel;
-        let maps = [
-            s.maps.arena.as_fd().as_raw_fd(),
-            s.maps.bss.as_fd().as_raw_fd(),
-            s.maps.flt_slots.as_fd().as_raw_fd(),
-            s.maps.flt_flows.as_fd().as_raw_fd(),
-            s.maps.flt_log.as_fd().as_raw_fd(),
-        ];
-        let progs = [
-            s.progs.flt_xdp.as_fd().as_raw_fd(),
-            s.progs.flt_setup.as_fd().as_raw_fd(),
-        ];
-        pins::pin_attached(
-            "the filter's XDP program",
-            progs[0],
-            ifindex,
-            mode,
-            dir,
-            &MAP_PINS.iter().copied().zip(maps).collect::<Vec<_>>(),
-            &PROG_PINS.iter().copied().zip(progs).collect::<Vec<_>>(),
-        )
-    }
 }
 
 /// A filter pinned under a directory, opened from its pins.
@@ -208,23 +185,18 @@ pub struct FilterState {
 impl PinnedFilter {
     /// Opens the pins under `dir`; [`Error::LostPin`] names the first that is missing.
     pub fn open(dir: &Path) -> Result<PinnedFilter> {
-        for name in PROG_PINS.iter().chain([&pins::LINK_PIN]) {
-            if !dir.join(name).exists() {
-                return Err(Error::LostPin {
-                    path: dir.join(name),
-                });
-            }
-        }
-        let map = |name: &str| pins::open_map(&dir.join(name));
-        let bss = map("bss")?;
-        pins::check_bss_size(&bss, &dir.join("bss"))?;
+        // FILTER_PINS.maps: arena, bss, flt_slots, flt_flows, flt_log
+        let [arena, bss, slots, flows, log]: [MapHandle; 5] =
+            pins::open_set(&pins::FILTER_PINS, dir)?
+                .try_into()
+                .expect("FILTER_PINS has five maps");
         Ok(PinnedFilter {
             dir: dir.to_path_buf(),
             bss,
-            arena: map("arena")?,
-            slots: map("flt_slots")?,
-            flows: map("flt_flows")?,
-            log: map("flt_log")?,
+            arena,
+            slots,
+            flows,
+            log,
         })
     }
 

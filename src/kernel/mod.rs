@@ -24,11 +24,11 @@ macro_rules! skel_module {
 }
 
 pub mod arena;
-mod drivers;
+pub mod drivers;
 pub mod features;
 pub mod filter;
 pub mod floor;
-mod operators;
+pub mod operators;
 pub mod ops;
 pub mod pins;
 pub mod plan;
@@ -40,6 +40,7 @@ pub mod swar_ops;
 pub mod syscalls;
 mod threads;
 pub mod tokenize;
+pub mod verifier;
 
 use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -270,18 +271,18 @@ pub(crate) fn load_skel<'obj, B: SkelBuilder<'obj>>(
 ) -> Result<<B::Output as OpenSkel<'obj>>::Output> {
     check_kernel()?;
     let open = builder.open(storage).map_err(|e| load_error(what, e))?;
-    report::load_explained(|| open.load()).map_err(|(e, why)| load_refused(what, e, why))
+    verifier::load_explained(|| open.load()).map_err(|(e, why)| load_refused(what, e, why))
 }
 
 /// [`load_error`], naming the program the verifier refused and its last line when known
-/// (from [`report::load_explained`]), with the kernel's release.
+/// (from [`verifier::load_explained`]), with the kernel's release.
 pub(crate) fn load_refused(what: &str, e: libbpf_rs::Error, why: Option<(String, String)>) -> Error {
     match (load_error(what, e), why) {
         (Error::Bpf { what, detail }, Some((prog, line))) => Error::Bpf {
             what,
             detail: format!(
                 "kernel {}'s verifier refused program `{prog}`: {line} ({detail}; \
-                 `cargo run --release --example doctor -- --programs -v` prints every program's answer)",
+                 `qwen-bpf doctor --programs -v` prints every program's answer)",
                 kernel_release().unwrap_or_else(|| "(unknown)".into())
             ),
         },

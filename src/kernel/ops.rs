@@ -11,11 +11,10 @@ use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::OpenObject;
 
 use super::arena::{self, Arena, Region, MAX_ARENA_BYTES, PAGE};
+use super::verifier::ProgramKind;
 use super::skel::Owned;
 use super::threads::run_threads;
 use super::load_error;
-pub(crate) use super::drivers::PlanFailure;
-pub use super::operators::{kv8_pairs, AttentionBuffers, AttentionI8Buffers, Batch};
 use crate::kernel::plan::{Entry, HeadFields, Patch};
 use crate::{Error, Result};
 
@@ -53,6 +52,40 @@ pub struct Ops {
     /// (see [`Ops::alloc_unpack_scratch`]), and whether the kernels use it.
     pub(super) unpack: Option<(Region, usize)>,
     pub(super) unpack_on: bool,
+    /// The program kinds loaded without, and why: refused by this kernel's verifier, or left
+    /// out by [`SKIP_ENV`]. Running one of their programs is an error that says so.
+    pub(crate) without: Vec<(ProgramKind, String)>,
+}
+
+/// `QWEN_BPF_SKIP_PROGRAMS=tokenizer,sampler,...`: program kinds ([`ProgramKind::name`]) the
+/// operator object is loaded without, as if the kernel refused them (the forward pass cannot
+/// be left out). For kernels whose verifier takes long over a kind not needed, and for tests.
+pub const SKIP_ENV: &str = "QWEN_BPF_SKIP_PROGRAMS";
+
+/// The kinds [`SKIP_ENV`] names.
+fn skipped_by_env() -> Result<Vec<(ProgramKind, String)>> {
+    let Some(v) = std::env::var_os(SKIP_ENV) else {
+        return Ok(Vec::new());
+    };
+    skip_list(&v.to_string_lossy())
+}
+
+/// The kinds a [`SKIP_ENV`] value `v` names, each with the reason it is left out.
+fn skip_list(v: &str) -> Result<Vec<(ProgramKind, String)>> {
+    let mut out = Vec::new();
+    for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match ProgramKind::from_name(name) {
+            Some(ProgramKind::Forward) | None => {
+                let known: Vec<_> = ProgramKind::ALL[1..].iter().map(|k| k.name()).collect();
+                return Err(Error::Invalid(format!(
+                    "{SKIP_ENV}: {name:?} is not a program kind that can be left out; known: {}",
+                    known.join(", ")
+                )));
+            }
+            Some(k) => out.push((k, format!("left out by {SKIP_ENV}={v}"))),
+        }
+    }
+    Ok(out)
 }
 
 /// Operators with at least this many multiply-adds are split across threads (see
@@ -90,7 +123,33 @@ impl Ops {
                 ),
             });
         }
-        let skel = Owned::load(|storage| open_and_load(storage, pages as u32, events))?;
+        // A kernel whose verifier refuses a program of a kind other than the forward pass (the
+        // tokenizer, the sampler, generation, the server, the filter) gets the object without
+        // that kind: one load per refused kind, each refusal logged and kept in `without`.
+        let mut without = skipped_by_env()?;
+        let skel = loop {
+            let skip: Vec<ProgramKind> = without.iter().map(|w| w.0).collect();
+            let mut refused = None;
+            let loaded = Owned::load(|storage| {
+                open_and_load(storage, pages as u32, events, &skip, &mut refused)
+            });
+            match (loaded, refused) {
+                (Ok(skel), _) => break skel,
+                (Err(e), Some((prog, line))) => {
+                    let kind = ProgramKind::of(&prog);
+                    if kind == ProgramKind::Forward || skip.contains(&kind) {
+                        return Err(e);
+                    }
+                    let why = format!(
+                        "kernel {}'s verifier refused `{prog}`: {line}",
+                        super::kernel_release().unwrap_or_else(|| "(unknown)".into())
+                    );
+                    log::warn!("loading the operator programs without the {}: {why}", kind.name());
+                    without.push((kind, why));
+                }
+                (Err(e), None) => return Err(e),
+            }
+        };
         let base = arena::mapping(&skel.maps.arena)?;
         let tokens = super::ring::TokenRing::new(skel.maps.tokens.as_fd().as_raw_fd())?;
         // SAFETY: libbpf maps the whole arena (pages * PAGE bytes) read-write for the skeleton's life.
@@ -106,7 +165,26 @@ impl Ops {
             pending: (Vec::new(), None),
             unpack: None,
             unpack_on: true,
+            without,
         })
+    }
+
+    /// Whether the program `name` is loaded: an error naming why not (its kind refused by the
+    /// verifier or left out by [`SKIP_ENV`], or the event path's programs not asked for).
+    pub(crate) fn require(&self, name: &str) -> Result<()> {
+        let kind = ProgramKind::of(name);
+        if let Some((_, why)) = self.without.iter().find(|w| w.0 == kind) {
+            return Err(Error::Bpf {
+                what: format!("running `{name}` (the {} program)", kind.name()),
+                detail: format!("this model's programs were loaded without the {}: {why}", kind.name()),
+            });
+        }
+        Ok(())
+    }
+
+    /// The program kinds this object was loaded without, and why.
+    pub fn without(&self) -> &[(ProgramKind, String)] {
+        &self.without
     }
 
     /// BPF program runs since load.
@@ -170,6 +248,7 @@ impl Ops {
     /// Runs program `name` once per element of `args`, concurrently (one thread each) when there
     /// are several: the row-split form of an operator.
     pub(crate) fn run_parts<T: Send + Copy>(&mut self, name: &str, args: &mut [T]) -> Result<()> {
+        self.require(name)?;
         let (patches, head) = std::mem::take(&mut self.pending);
         if let Some(rec) = &mut self.recording {
             rec.push(Entry::record(name, args, patches, head)?);
@@ -268,6 +347,7 @@ impl Ops {
     /// `SAMPLE_E_*`: [`crate::num::sample::E_PARAM`], [`crate::num::sample::E_LOOP`]); the token
     /// and the new generator state are in `args`.
     pub fn sample(&mut self, args: &mut SampleArgs) -> Result<i32> {
+        self.require("sample")?;
         self.runs += 1;
         super::test_run(self.skel.progs.sample.as_fd(), "sample", args)
     }
@@ -283,10 +363,14 @@ pub fn first_best(start: usize, parts: impl IntoIterator<Item = (usize, i64)>) -
     (best.0, best.1 as i32)
 }
 
+/// Opens and loads the object without the programs of the kinds in `skip`; when the verifier
+/// refuses a program, `refused` gets its name and the verifier's last line.
 fn open_and_load(
     storage: &'static mut MaybeUninit<OpenObject>,
     pages: u32,
     events: bool,
+    skip: &[ProgramKind],
+    refused: &mut Option<(String, String)>,
 ) -> Result<OpsSkel<'static>> {
     let mut open = OpsSkelBuilder::default()
         .open(storage)
@@ -304,12 +388,19 @@ fn open_and_load(
             p.set_autoload(false);
         }
     }
+    for mut p in open.open_object_mut().progs_mut() {
+        if skip.contains(&ProgramKind::of(&p.name().to_string_lossy())) {
+            p.set_autoload(false);
+        }
+    }
     open.maps
         .arena
         .set_max_entries(pages)
         .map_err(|e| load_error("the arena map", e))?;
-    super::report::load_explained(|| open.load())
-        .map_err(|(e, why)| super::load_refused("the operator programs", e, why))
+    super::verifier::load_explained(|| open.load()).map_err(|(e, why)| {
+        refused.clone_from(&why);
+        super::load_refused("the operator programs", e, why)
+    })
 }
 
 /// How many instructions the verifier processed for the loaded program `prog`.
@@ -337,4 +428,24 @@ pub(super) fn check_ret(what: &str, ret: i32) -> Result<()> {
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_skip_list_names_kinds_but_never_the_forward_pass() {
+        let kinds: Vec<ProgramKind> = skip_list("tokenizer, sampler,,")
+            .unwrap()
+            .into_iter()
+            .map(|w| w.0)
+            .collect();
+        assert_eq!(kinds, [ProgramKind::Tokenizer, ProgramKind::Sampler]);
+        assert!(skip_list("").unwrap().is_empty());
+        for bad in ["forward", "tokeniser", "tokenizer,plan"] {
+            let e = skip_list(bad).unwrap_err().to_string();
+            assert!(e.contains(SKIP_ENV) && e.contains("known: generation"), "{e}");
+        }
+    }
 }

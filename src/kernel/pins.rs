@@ -17,6 +17,8 @@ use libbpf_rs::libbpf_sys;
 use libbpf_rs::{MapCore, MapFlags, MapHandle};
 
 use super::ops::skel::types::{bss, ev_slot};
+use libbpf_rs::skel::Skel;
+
 use super::ops::Ops;
 use crate::{Error, Result};
 
@@ -25,11 +27,36 @@ pub const BPFFS: &str = "/sys/fs/bpf";
 /// `BPF_FS_MAGIC`, the BPF filesystem's `statfs` type.
 const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
-/// The maps pinned, by file name: each is the map of the same name in `ops.bpf.c` (`bss` is
-/// its `.bss`).
-pub const MAP_PINS: [&str; 4] = ["arena", "bss", "ev_slots", "tokens"];
-/// The programs pinned.
-pub const PROG_PINS: [&str; 2] = ["ev_xdp", "ev_setup"];
+/// What one kind of installation pins under its directory, by file name: the programs (the XDP
+/// program first, then the workqueue setup its slots need), the maps they use (each the map of
+/// the same name in `ops.bpf.c`; `bss` is its `.bss`) and the XDP link ([`LINK_PIN`]).
+#[derive(Debug)]
+pub struct PinSet {
+    /// The kind, for messages: "the event path", "the filter".
+    pub what: &'static str,
+    /// The programs, the XDP program first.
+    pub progs: &'static [&'static str],
+    /// The maps.
+    pub maps: &'static [&'static str],
+}
+
+/// A model installed in the kernel (`src/bpf/event.inc.c`, `event_xdp.inc.c`).
+pub const EVENT_PINS: PinSet = PinSet {
+    what: "the event path",
+    progs: &["ev_xdp", "ev_setup"],
+    maps: &["arena", "bss", "ev_slots", "tokens"],
+};
+
+/// A packet filter (`src/bpf/filter.inc.c`).
+pub const FILTER_PINS: PinSet = PinSet {
+    what: "the filter",
+    progs: &["flt_xdp", "flt_setup"],
+    maps: &["arena", "bss", "flt_slots", "flt_flows", "flt_log"],
+};
+
+/// Every kind of installation.
+pub const PIN_SETS: [&PinSet; 2] = [&EVENT_PINS, &FILTER_PINS];
+
 /// The XDP link's pin.
 pub const LINK_PIN: &str = "link";
 
@@ -127,34 +154,46 @@ fn get_pinned(path: &Path) -> Result<OwnedFd> {
 }
 
 impl Ops {
-    /// Attaches the event path's XDP program (configured by [`Ops::configure_events`]) to
-    /// `ifindex` in `mode` and pins it, its link and the maps it needs under `dir` (see
-    /// [`pin_attached`]).
-    pub(crate) fn pin_events(&mut self, ifindex: u32, mode: XdpMode, dir: &Path) -> Result<()> {
-        let s = &self.skel;
-        let maps = [
-            s.maps.arena.as_fd().as_raw_fd(),
-            s.maps.bss.as_fd().as_raw_fd(),
-            s.maps.ev_slots.as_fd().as_raw_fd(),
-            s.maps.tokens.as_fd().as_raw_fd(),
-        ];
-        let progs = [
-            s.progs.ev_xdp.as_fd().as_raw_fd(),
-            s.progs.ev_setup.as_fd().as_raw_fd(),
-        ];
-        pin_attached(
-            "the event path's XDP program",
-            progs[0],
-            ifindex,
-            mode,
-            dir,
-            &MAP_PINS.iter().copied().zip(maps).collect::<Vec<_>>(),
-            &PROG_PINS.iter().copied().zip(progs).collect::<Vec<_>>(),
-        )
+    /// Attaches the XDP program of `set` (configured by [`Ops::configure_events`] or
+    /// `configure_filter`) to `ifindex` in `mode` and pins it, the other programs and maps of
+    /// `set` and the link under `dir` (see [`pin_attached`]).
+    pub(crate) fn pin(&mut self, set: &PinSet, ifindex: u32, mode: XdpMode, dir: &Path) -> Result<()> {
+        for p in set.progs {
+            self.require(p)?;
+        }
+        let obj = self.skel.object();
+        let fd_of = |kind: &str, name: &'static str, fd: Option<i32>| {
+            fd.ok_or_else(|| Error::Bpf {
+                what: format!("pinning {}", set.what),
+                detail: format!("no {kind} `{name}` in ops.bpf.c"),
+            })
+            .map(|fd| (name, fd))
+        };
+        let progs = set
+            .progs
+            .iter()
+            .map(|&n| {
+                let fd = obj.progs().find(|p| p.name() == n).map(|p| p.as_fd().as_raw_fd());
+                fd_of("program", n, fd)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let maps = set
+            .maps
+            .iter()
+            .map(|&n| {
+                // the .bss map's name is the object's name and ".bss", cut to 15 bytes
+                let fd = obj
+                    .maps()
+                    .find(|m| m.name() == n || (n == "bss" && m.name().to_string_lossy().ends_with(".bss")))
+                    .map(|m| m.as_fd().as_raw_fd());
+                fd_of("map", n, fd)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        pin_attached(set.what, progs[0].1, ifindex, mode, dir, &maps, &progs)
     }
 }
 
-/// Attaches XDP program `xdp` (`what`, for errors) to `ifindex` in `mode` and pins it, the
+/// Attaches XDP program `xdp` (of `what`, for errors) to `ifindex` in `mode` and pins it, the
 /// `maps` and `progs` (file name, fd) and the link ([`LINK_PIN`]) under `dir`, which must exist
 /// and be empty: from then on it runs without this process. On failure it removes what it
 /// pinned (the program is detached when the link's fd closes).
@@ -175,7 +214,7 @@ pub(crate) fn pin_attached(
     if fd < 0 {
         let e = std::io::Error::last_os_error();
         return Err(Error::Bpf {
-            what: format!("attaching {what} to interface {ifindex} ({mode:?} mode)"),
+            what: format!("attaching {what}'s XDP program to interface {ifindex} ({mode:?} mode)"),
             detail: match e.raw_os_error() {
                 Some(libc::EBUSY) | Some(libc::EEXIST) => {
                     format!("{e}: the interface has an XDP program already")
@@ -250,6 +289,28 @@ pub(crate) fn read_bss(map: &MapHandle, dir: &Path) -> Result<Box<bss>> {
     Ok(Box::new(unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) }))
 }
 
+/// Opens the maps of `set` pinned under `dir`, in `set.maps`' order, after checking that its
+/// programs and link are pinned too and that its `.bss` is this build's; [`Error::LostPin`]
+/// names the first pin that is missing.
+pub(crate) fn open_set(set: &PinSet, dir: &Path) -> Result<Vec<MapHandle>> {
+    for name in set.progs.iter().chain([&LINK_PIN]) {
+        if !dir.join(name).exists() {
+            return Err(Error::LostPin {
+                path: dir.join(name),
+            });
+        }
+    }
+    let maps = set
+        .maps
+        .iter()
+        .map(|n| open_map(&dir.join(n)))
+        .collect::<Result<Vec<_>>>()?;
+    if let Some(i) = set.maps.iter().position(|&n| n == "bss") {
+        check_bss_size(&maps[i], &dir.join("bss"))?;
+    }
+    Ok(maps)
+}
+
 /// An event path pinned under a directory, opened from its pins.
 #[derive(Debug)]
 pub struct PinnedEvents {
@@ -275,17 +336,10 @@ pub struct PinnedState {
 impl PinnedEvents {
     /// Opens the pins under `dir`; [`Error::LostPin`] names the first that is missing.
     pub fn open(dir: &Path) -> Result<PinnedEvents> {
-        for name in PROG_PINS.iter().chain([&LINK_PIN]) {
-            if !dir.join(name).exists() {
-                return Err(Error::LostPin {
-                    path: dir.join(name),
-                });
-            }
-        }
-        let map = |name: &str| open_map(&dir.join(name));
-        let (bss, arena, slots) = (map("bss")?, map("arena")?, map("ev_slots")?);
-        map("tokens")?;
-        check_bss_size(&bss, &dir.join("bss"))?;
+        // EVENT_PINS.maps: arena, bss, ev_slots, tokens
+        let [arena, bss, slots, _tokens]: [MapHandle; 4] = open_set(&EVENT_PINS, dir)?
+            .try_into()
+            .expect("EVENT_PINS has four maps");
         Ok(PinnedEvents {
             dir: dir.to_path_buf(),
             bss,
@@ -347,14 +401,9 @@ pub fn remove(dir: &Path) -> Result<()> {
             }
         }
     }
-    // every pin of either kind of installation (the event path's, the filter's)
-    let names = [LINK_PIN]
-        .into_iter()
-        .chain(PROG_PINS)
-        .chain(MAP_PINS)
-        .chain(super::filter::PROG_PINS)
-        .chain(super::filter::MAP_PINS);
-    for name in names {
+    // every pin of every kind of installation
+    let names = PIN_SETS.iter().flat_map(|s| s.progs.iter().chain(s.maps));
+    for &name in [LINK_PIN].iter().chain(names) {
         match std::fs::remove_file(dir.join(name)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(Error::io(dir.join(name), e))

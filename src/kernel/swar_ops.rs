@@ -4,7 +4,8 @@
 //! twins of these programs.
 
 use super::arena::Region;
-use super::ops::{first_best, Batch, Ops, Rows};
+use super::operators::Batch;
+use super::ops::{first_best, Ops, Rows};
 use crate::num::swar::{
     Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, K_MAX, W4A8, W8A16,
 };

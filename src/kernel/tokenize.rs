@@ -188,6 +188,7 @@ impl KernelTokenizer {
     pub fn from_tables(t: &TokTables) -> Result<KernelTokenizer> {
         let bytes = TokRegions::arena_bytes(t.words.len());
         let mut ops = Ops::load(bytes)?;
+        ops.require("tokenize_text")?; // refused at load, not at the first text
         let r = ops.arena.reserve(bytes, "tokenizer")?;
         let regions = TokRegions::place(&mut ops.arena, r, t)?;
         Ok(KernelTokenizer { ops, regions })

@@ -3,7 +3,7 @@
 //! front and is the memory account) and their allocation ([`Buffers::alloc`]).
 
 use crate::kernel::arena::{Arena, Region, PAGE};
-use crate::kernel::ops::kv8_pairs;
+use crate::kernel::operators::kv8_pairs;
 use crate::kernel::plan::{self, Plan};
 use crate::model::kv::KvCache;
 use crate::num::fixed;

@@ -1,7 +1,7 @@
 //! The forward pass, written once: [`Model::emit`] (see the module docs of [`crate::model`]).
 
 use super::{Head, Model};
-use crate::kernel::ops::{AttentionBuffers, AttentionI8Buffers};
+use crate::kernel::operators::{AttentionBuffers, AttentionI8Buffers};
 use crate::num::fixed::AttnShape;
 use crate::store::{linear_rows, Linear, Norm};
 use crate::types::KvFormat;

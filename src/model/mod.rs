@@ -12,7 +12,7 @@ mod buffers;
 mod context;
 mod emit;
 pub mod kv;
-mod open;
+pub mod open;
 mod options;
 mod step;
 
@@ -23,8 +23,6 @@ use crate::types::{Dispatch, KvFormat};
 use crate::Config;
 
 pub(crate) use buffers::{Buffers, REPLY_TEXT_BYTES};
-#[cfg(feature = "internals")]
-pub use open::{check_memory, mem_available};
 pub use options::{KernelMemory, ModelOptions};
 
 /// What a step does with the LM head.
@@ -85,6 +83,12 @@ impl std::fmt::Debug for Model {
 }
 
 impl Model {
+    /// Whether this model's programs were loaded without those of `kind` (its kernel's verifier
+    /// refused them, or `QWEN_BPF_SKIP_PROGRAMS` left them out).
+    pub(crate) fn loaded_without(&self, kind: crate::kernel::verifier::ProgramKind) -> bool {
+        self.ops.without().iter().any(|w| w.0 == kind)
+    }
+
     /// The model's config.
     pub fn config(&self) -> &Config {
         &self.cfg

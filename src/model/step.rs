@@ -2,7 +2,8 @@
 //! a prompt in blocks, and the LM head's logits or argmax.
 
 use super::{Head, Model};
-use crate::kernel::ops::{first_best, PlanFailure};
+use crate::kernel::drivers::PlanFailure;
+use crate::kernel::ops::first_best;
 use crate::kernel::plan::Plan;
 use crate::num::fixed;
 use crate::types::{check_feed, Dispatch};

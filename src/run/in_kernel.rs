@@ -14,7 +14,8 @@
 use std::time::Duration;
 
 use crate::run::generate::FinishReason;
-use crate::kernel::ops::{GenArgs, PlanFailure};
+use crate::kernel::drivers::PlanFailure;
+use crate::kernel::ops::GenArgs;
 use crate::kernel::ring::GenToken;
 use crate::{Error, GenerateOptions, Model, Result, Tokenizer};
 

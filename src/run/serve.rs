@@ -167,7 +167,7 @@ impl Model {
             .configure_events(ev, &templates, !self.events_ready)
             .and_then(|()| {
                 self.events_ready = true;
-                self.ops.pin_events(events.ifindex, cfg.xdp_mode, &dir)
+                self.ops.pin(&pins::EVENT_PINS, events.ifindex, cfg.xdp_mode, &dir)
             });
         if let Err(e) = pinned {
             let _ = std::fs::remove_dir(&dir);

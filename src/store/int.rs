@@ -16,7 +16,8 @@ use super::{Linear, Norm, ResidentNorms, WeightStore};
 use crate::hf::checkpoint::tensor_specs;
 use crate::num::fixed::{self, Q_NORM, Q_W};
 use crate::kernel::arena::Region;
-use crate::kernel::ops::{Batch, Ops, Rows};
+use crate::kernel::operators::Batch;
+use crate::kernel::ops::{Ops, Rows};
 use crate::kernel::swar_ops::{
     unpack_scratch_bytes, ExactHead, PackedRegions, QuantXRegion, ScreenResult,
 };

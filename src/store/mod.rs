@@ -14,7 +14,8 @@ pub mod screen;
 use std::path::Path;
 
 use crate::kernel::arena::Region;
-use crate::kernel::ops::{Batch, Ops, Rows};
+use crate::kernel::operators::Batch;
+use crate::kernel::ops::{Ops, Rows};
 use crate::types::Backend;
 use crate::{Checkpoint, Config, Result};
 

@@ -104,14 +104,7 @@ impl Filter {
         if let Some((index, &id)) = ids.enumerate().find(|&(_, &id)| id as usize >= vocab) {
             return Err(Error::TokenOutOfRange { id, index, vocab });
         }
-        let need = rule.context_needed();
-        if need > model.max_context() {
-            return Err(Error::ContextOverflow {
-                pos: model.max_context(),
-                max_context: model.max_context(),
-                tokens: need,
-            });
-        }
+        crate::types::check_room(rule.context_needed(), 0, model.max_context())?;
         let prefix_len = rule.prefix().len();
         let mut f = Filter {
             model,

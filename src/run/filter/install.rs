@@ -11,19 +11,14 @@ use std::time::Duration;
 use super::classify::{Filter, Verdict};
 use super::rule::{Action, CompiledRule, Policy, Protocol};
 use crate::kernel::filter::{
-    FilterCfg, FilterLabel, PinnedFilter, BYTES_MAX, COUNT, DROP, EXCERPT, LABELS_MAX,
-    LABEL_TOKENS_MAX, PASS, SUFFIX_MAX,
+    FilterCfg, FilterLabel, PinnedFilter, BYTES_MAX, COUNT, DROP, EXCERPT, LABELS_MAX, NAME_MAX,
+    PASS, STEPS_MAX, SUFFIX_MAX,
 };
 use crate::kernel::pins::{self, XdpMode, BPFFS};
 use crate::run::event::ifindex;
 use crate::run::serve::{check_name, installed_dir, pin_dir, PIN_ROOT};
 use crate::{Error, Model, Result};
 
-/// Label steps the kernel takes (`FLT_STEPS_MAX`): every label token after a label's first.
-const STEPS_MAX: usize = 32;
-const _: () = assert!(STEPS_MAX >= LABELS_MAX * (LABEL_TOKENS_MAX - 1));
-/// Bytes of a label's name the kernel keeps for `status` (`FLT_NAME_MAX`).
-const NAME_MAX: usize = 32;
 /// A pending flow whose classification has not ended after this long is classified again at
 /// its next packet with a payload (a classification takes milliseconds; this only matters if
 /// one is lost).
@@ -73,13 +68,7 @@ impl Model {
                 limit: format!("at most {SUFFIX_MAX}"),
             });
         }
-        if rule.context_needed() > self.max_context {
-            return Err(Error::ContextOverflow {
-                pos: self.max_context,
-                max_context: self.max_context,
-                tokens: rule.context_needed(),
-            });
-        }
+        crate::types::check_room(rule.context_needed(), 0, self.max_context)?;
         let mut templates = self.slot_templates(Default::default(), 0, None)?;
         templates.truncate(slots);
         // the prefix's KV, once per slot: its tokens fed from position 0 (one token generated
@@ -99,8 +88,8 @@ impl Model {
                     self.ops
                         .run_generate(std::slice::from_mut(&mut a))
                         .map_err(|f| match f {
-                            crate::kernel::ops::PlanFailure::Error(e) => e,
-                            crate::kernel::ops::PlanFailure::TimedOut => Error::Bpf {
+                            crate::kernel::drivers::PlanFailure::Error(e) => e,
+                            crate::kernel::drivers::PlanFailure::TimedOut => Error::Bpf {
                                 what: "feeding the filter's prefix".into(),
                                 detail: "a barrier timed out".into(),
                             },
@@ -263,7 +252,7 @@ impl Filter {
             }
             Err(e) => return Err(Error::io(&dir, e)),
         }
-        if let Err(e) = model.ops.pin_filter(ifindex, opts.xdp_mode, &dir) {
+        if let Err(e) = model.ops.pin(&pins::FILTER_PINS, ifindex, opts.xdp_mode, &dir) {
             let _ = std::fs::remove_dir(&dir);
             return Err(e);
         }
