@@ -47,11 +47,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use qwen_bpf::filter::{Filter, FilterInstall, FilterRule, InstalledFilter};
 use qwen_bpf::hf::synth::{self, Preset, SynthOptions};
-use qwen_bpf::{
-    Checkpoint, Filter, FilterInstall, FilterRule, InstalledFilter, Model, ModelOptions, Tokenizer,
-    XdpMode,
-};
+use qwen_bpf::{Checkpoint, Model, ModelOptions, Tokenizer, XdpMode};
 
 /// Payload lengths of the `verdict` group, in bytes of text.
 const LENGTHS: [usize; 3] = [16, 64, 256];
@@ -505,7 +503,7 @@ fn fast_path(c: &mut Criterion) {
         std::thread::sleep(Duration::from_millis(10));
     }
     let label_packets =
-        |s: &qwen_bpf::FilterStatus| s.labels.iter().map(|l| l.packets).sum::<u64>();
+        |s: &qwen_bpf::filter::FilterStatus| s.labels.iter().map(|l| l.packets).sum::<u64>();
     let before = installed.status().unwrap();
 
     let mut g = c.benchmark_group("fast_path");

@@ -206,7 +206,7 @@ pub enum Error {
         /// What the kernels take, e.g. `"at most 16384"`.
         limit: String,
     },
-    /// A packet-filter rule ([`crate::FilterRule`]) that cannot be used: not JSON, an unknown or
+    /// A packet-filter rule ([`crate::filter::FilterRule`]) that cannot be used: not JSON, an unknown or
     /// missing field, or a value out of its range.
     #[error("filter rule: {field}: {msg}")]
     Rule {

@@ -34,9 +34,10 @@
 //!   process left running ([`Installed`], [`wire`]).
 //! - [`Reference`] is the f32 forward pass the fixed-point engine is measured against; both
 //!   implement [`Forward`].
-//! - [`Filter`] classifies packet payloads by a [`FilterRule`] (a JSON file: the prompt around
-//!   the payload's text, the [`Label`]s to choose between and their [`Action`]s), scoring each
-//!   label in integers as the kernel does ([`Verdict`], [`CompiledRule`]).
+//! - [`filter`]: the packet filter. [`filter::Filter`] classifies packet payloads by a
+//!   [`filter::FilterRule`] (a JSON file: the prompt around the payload's text, the labels to
+//!   choose between and their actions), scoring each label in integers as the kernel does;
+//!   [`filter::InstalledFilter`] is the filter left in the kernel.
 //! - [`Tokenizer`] is the Qwen3 tokenizer and chat template; [`ensure_default_model`] writes the
 //!   synthetic Qwen3-0.6B-shaped model the examples fall back to.
 //! - Every failure is an [`Error`]. The library reports what it does (cache rebuilds, default
@@ -97,13 +98,7 @@ pub use kernel::verifier::ProgramKind;
 pub use model::kv::saved_position;
 pub use model::{KernelMemory, Model, ModelOptions};
 pub use run::event::{request_datagram, Event, EventConfig, EventCounters, EventServer, Refusal};
-pub use run::filter::classify::{Filter, Verdict};
-pub use run::filter::install::{
-    FilterInstall, FilterStatus, InstalledFilter, LabelStatus, VerdictRecord,
-};
-pub use run::filter::rule::{
-    payload_text, Action, CompiledRule, FilterRule, Ipv4Prefix, Label, Policy, Protocol,
-};
+pub use run::filter;
 pub use run::generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
 pub use run::in_kernel::{KernelGeneration, KernelText};
 pub use run::sampling::{Candidate, Sampler, SamplingParams};

@@ -8,13 +8,11 @@
 
 mod common;
 
+use qwen_bpf::filter::{payload_text, CompiledRule, Filter, FilterRule};
 use qwen_bpf::hf::synth::{Preset, SynthOptions};
 use qwen_bpf::num::classify::{decide, log_prob_q16, lse_q16};
 use qwen_bpf::num::fixed::exp2_table;
-use qwen_bpf::{
-    payload_text, Checkpoint, CompiledRule, Error, Filter, FilterRule, Model, ModelOptions,
-    Reference, Tokenizer,
-};
+use qwen_bpf::{Checkpoint, Error, Model, ModelOptions, Reference, Tokenizer};
 
 /// A rule like the spec's, on 64 bytes, with labels of one to four tokens, two of them starting
 /// alike.

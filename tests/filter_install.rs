@@ -13,9 +13,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::serve::{eventually, Installation};
-use qwen_bpf::{
-    Error, Filter, FilterInstall, FilterRule, InstalledFilter, ModelOptions, Tokenizer,
-};
+use qwen_bpf::filter::{Filter, FilterInstall, FilterRule, InstalledFilter};
+use qwen_bpf::{Error, ModelOptions, Tokenizer};
 
 /// One XDP program on `lo` at a time.
 static LO: Mutex<()> = Mutex::new(());

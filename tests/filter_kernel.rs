@@ -9,7 +9,8 @@
 
 mod common;
 
-use qwen_bpf::{Filter, FilterRule, ModelOptions, Tokenizer};
+use qwen_bpf::filter::{Filter, FilterRule};
+use qwen_bpf::{ModelOptions, Tokenizer};
 
 fn rule(extra: &str) -> FilterRule {
     FilterRule::from_json(&format!(

@@ -7,7 +7,8 @@ mod common;
 
 use std::net::Ipv4Addr;
 
-use qwen_bpf::{payload_text, Action, Error, FilterRule, Policy, Protocol, Tokenizer};
+use qwen_bpf::filter::{payload_text, Action, FilterRule, Policy, Protocol};
+use qwen_bpf::{Error, Tokenizer};
 use serde_json::{json, Value};
 
 /// The spec's example rule.

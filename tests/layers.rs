@@ -319,9 +319,12 @@ fn file_edges(src: &Path) -> BTreeSet<(PathBuf, PathBuf)> {
             continue;
         }
         let here = module_path(src, file);
+        // the file's own code: its unit tests (a `#[cfg(test)]` module at the end, whose
+        // `super::` is the file itself) are left out
         let code: String = std::fs::read_to_string(file)
             .unwrap()
             .lines()
+            .take_while(|l| l.trim() != "#[cfg(test)]")
             .filter(|l| !l.trim_start().starts_with("//"))
             .collect::<Vec<_>>()
             .join("\n");

@@ -85,7 +85,7 @@ fn train_filter_writes_a_model_its_rule_and_honest_data() {
     assert_eq!(rule["ttl_seconds"], 300);
     assert_eq!(rule["slots"], 2);
     // and the library's parser takes it as it is
-    let parsed = qwen_bpf::FilterRule::load(out.join("rule")).expect("the rule parses");
+    let parsed = qwen_bpf::filter::FilterRule::load(out.join("rule")).expect("the rule parses");
     let compiled = parsed.compile(&tok).expect("the rule compiles");
     assert_eq!(compiled.labels().len(), 2);
 

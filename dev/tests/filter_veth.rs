@@ -27,8 +27,9 @@ use std::time::{Duration, Instant};
 
 use common::netns::{link_exists, native_xdp, netns_exists, Veth};
 use common::serve::{eventually, Installation};
+use qwen_bpf::filter::{Filter, FilterRule, InstalledFilter};
 use qwen_bpf::kernel::pins::map_exists;
-use qwen_bpf::{Error, Filter, FilterRule, InstalledFilter, Model, ModelOptions, Tokenizer};
+use qwen_bpf::{Error, Model, ModelOptions, Tokenizer};
 
 const NAME: &str = "test-filter-veth";
 const PORT: u16 = 47_380;
@@ -197,7 +198,7 @@ fn the_filter_on_a_veth_end_drops_malicious_flows_and_logs_the_user_space_verdic
     let ctx = rule.compile(&tok).unwrap().context_needed();
     let m = Model::open(&model, &ModelOptions::default().with_max_context(ctx)).unwrap();
     let mut filter = Filter::new(m, &tok, rule.clone()).unwrap();
-    let mut chosen: Vec<(Vec<u8>, qwen_bpf::Verdict)> = Vec::new();
+    let mut chosen: Vec<(Vec<u8>, qwen_bpf::filter::Verdict)> = Vec::new();
     let (mut tried, mut disagreed) = (0, 0);
     for want in ["benign", "malicious"] {
         let mut n = 0;
@@ -327,7 +328,7 @@ fn the_filter_on_a_veth_end_drops_malicious_flows_and_logs_the_user_space_verdic
     );
     for ((payload, v), e) in chosen.iter().zip(&exchanges) {
         let r = &log[&(veth.peer_addr, e.port)];
-        let text = qwen_bpf::payload_text(&rule, payload);
+        let text = qwen_bpf::filter::payload_text(&rule, payload);
         assert_eq!(r.destination, (veth.host_addr, PORT));
         assert_eq!(
             (r.label, r.score_q16),

@@ -28,10 +28,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use crate::{
-    Backend, Error, Filter, FilterInstall, FilterRule, InstalledFilter, Model, ModelOptions,
-    Result, Tokenizer, XdpMode,
-};
+use crate::filter::{Filter, FilterInstall, FilterRule, InstalledFilter};
+use crate::{Backend, Error, Model, ModelOptions, Result, Tokenizer, XdpMode};
 use clap::{Parser, Subcommand};
 
 /// Classify packet payloads with a model and a rule.

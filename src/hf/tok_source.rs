@@ -107,6 +107,15 @@ fn byte_chars() -> [char; 256] {
     map
 }
 
+/// The byte each char of the byte-level alphabet stands for (the inverse of [`byte_chars`]).
+fn byte_values() -> HashMap<char, u8> {
+    byte_chars()
+        .iter()
+        .enumerate()
+        .map(|(b, &c)| (c, b as u8))
+        .collect()
+}
+
 /// A byte-level token string as the bytes it stands for (`None`: a char outside the alphabet).
 fn token_bytes(s: &str, rev: &HashMap<char, u8>) -> Option<Vec<u8>> {
     s.chars().map(|c| rev.get(&c).copied()).collect()
@@ -115,11 +124,7 @@ fn token_bytes(s: &str, rev: &HashMap<char, u8>) -> Option<Vec<u8>> {
 /// The vocabulary: bytes → id. Tokens outside the byte-level alphabet are never produced by
 /// the BPE (no merge chain reaches them), so they are left out.
 fn vocabulary(v: &Value) -> std::result::Result<HashMap<Vec<u8>, u32>, String> {
-    let rev: HashMap<char, u8> = byte_chars()
-        .iter()
-        .enumerate()
-        .map(|(b, &c)| (c, b as u8))
-        .collect();
+    let rev = byte_values();
     let obj = v.as_object().ok_or("the model has no vocab object")?;
     let mut out = HashMap::with_capacity(obj.len());
     for (tok, id) in obj {
@@ -136,11 +141,7 @@ fn merges(
     v: &Value,
     vocab: &HashMap<Vec<u8>, u32>,
 ) -> std::result::Result<Vec<(u32, u32, u32, u32)>, String> {
-    let rev: HashMap<char, u8> = byte_chars()
-        .iter()
-        .enumerate()
-        .map(|(b, &c)| (c, b as u8))
-        .collect();
+    let rev = byte_values();
     let list = v.as_array().ok_or("the model has no merges list")?;
     let mut out = Vec::with_capacity(list.len());
     for (rank, m) in list.iter().enumerate() {
