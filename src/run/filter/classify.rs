@@ -53,7 +53,8 @@ impl fmt::Display for Verdict {
 /// A model classifying payloads by a rule (see the module's documentation).
 ///
 /// ```no_run
-/// use qwen_bpf::{Filter, FilterRule, Model, ModelOptions, Tokenizer};
+/// use qwen_bpf::filter::{Filter, FilterRule};
+/// use qwen_bpf::{Model, ModelOptions, Tokenizer};
 ///
 /// # fn main() -> qwen_bpf::Result<()> {
 /// let dir = std::path::Path::new("/path/to/model");
