@@ -78,13 +78,13 @@ fn ask(server: SocketAddr, id: u32, datagram: &[u8]) -> Timing {
         }
     };
     let t0 = Instant::now();
-    match exchange(datagram) {
-        Reply::Accepted { .. } => {}
+    let cookie = match exchange(datagram) {
+        Reply::Accepted { cookie, .. } => cookie,
         r => panic!("request {id}: {r:?}"),
-    }
+    };
     let (mut offset, mut first) = (0u32, None);
     loop {
-        match exchange(&poll_datagram(id, offset)) {
+        match exchange(&poll_datagram(id, offset, cookie)) {
             Reply::Text { bytes, .. } if bytes.is_empty() => {
                 std::thread::sleep(Duration::from_millis(1))
             }

@@ -23,6 +23,7 @@ pure=(
   cargo test --release --no-fail-fast --workspace --lib
   --test api_docs --test checkpoint --test filter_rule --test layers --test file_map --test reference
   --test swar_accuracy --test tokenizer --test candle_peer --test filter_model --test fuzz
+  --test pin_dirs
 )
 
 status=0

@@ -265,6 +265,15 @@ pub enum Error {
         /// The missing pin.
         path: PathBuf,
     },
+    /// A directory pins go in could be turned against whoever installs or removes: a symbolic
+    /// link, not a directory, owned by another user, or writable by others.
+    #[error("refusing the pin directory {path}: {reason}")]
+    UnsafePinDir {
+        /// The directory.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 /// `Result` with the crate's [`Error`].

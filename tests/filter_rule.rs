@@ -83,9 +83,24 @@ fn the_example_rule_parses_with_its_defaults_and_compiles_into_its_parts_tokens(
         (minimal.margin, minimal.threshold, minimal.fallback.clone()),
         (0.0, None, None)
     );
+    // a UDP rule that names no policy fails open (a dropped datagram is lost), a TCP one closed
+    // (a dropped segment is sent again): the judged packet does not reach the server first
+    assert_eq!((minimal.pending, minimal.overflow), (None, None));
     assert_eq!(
-        (minimal.pending, minimal.overflow),
+        (minimal.pending_policy(), minimal.overflow_policy()),
         (Policy::Pass, Policy::Pass)
+    );
+    let mut tcp = minimal.clone();
+    tcp.protocol = Protocol::Tcp;
+    assert_eq!(
+        (tcp.pending_policy(), tcp.overflow_policy()),
+        (Policy::Drop, Policy::Drop)
+    );
+    tcp.pending = Some(Policy::Pass);
+    assert_eq!(
+        (tcp.pending_policy(), tcp.overflow_policy()),
+        (Policy::Pass, Policy::Drop),
+        "a policy the rule names is kept"
     );
     assert_eq!((minimal.ttl_seconds, minimal.slots), (300, 2));
     // a rule written back as JSON reads back the same

@@ -2,7 +2,8 @@
 //! lengths past the packet, huge `max_new`, polls for unknown ids and from another port, random
 //! bytes, bit flips of valid requests, text requests with invalid UTF-8, too long or with
 //! sampling past its limits), 1,000 requests among them abandoned ones and bursts past
-//! the slots. Every datagram is answered, nothing is answered to the wrong sender, no slot stays
+//! the slots. Every datagram as long as a reply is answered (a shorter one never: no reply is
+//! longer than what asked for it), nothing is answered to the wrong sender, no slot stays
 //! stuck, the kernel's memory and BPF objects are what they were, and the server answers a
 //! request correctly afterwards.
 //!
@@ -23,6 +24,9 @@ use qwen_bpf::{InstallConfig, Installed, Refusal, Tokenizer};
 const VOCAB: u32 = 151_936;
 /// Datagrams sent before their replies are read.
 const BURST: u64 = 16;
+/// The shortest reply's payload (REFUSED and ACCEPTED: five words). A shorter datagram gets no
+/// reply: none is longer than what asked for it.
+const REPLY_MIN: usize = 20;
 
 /// The installation's BPF objects: every program that uses its arena (map `arena`), by id, with
 /// the ids of the maps each uses. (Objects of other processes come and go: not these.)
@@ -79,9 +83,10 @@ fn mutant(rng: &mut Rng, victim: u32) -> Vec<u8> {
         }
         // token ids at and past the vocabulary
         3 => wire::request(rng.next() as u32, 4, &[VOCAB + rng.next() as u32 % 1000, 1]),
-        // polls for unknown ids, for the victim's (from the wrong port), with wild offsets
-        4 => wire::poll(rng.next() as u32, rng.next() as u32 % 64),
-        5 => wire::poll(victim, rng.next() as u32 % 64),
+        // polls for unknown ids, for the victim's (from the wrong port), with wild offsets and
+        // guessed cookies
+        4 => wire::poll(rng.next() as u32, rng.next() as u32 % 64, rng.next()),
+        5 => wire::poll(victim, rng.next() as u32 % 64, rng.next()),
         // a poll too short for the FINAL record
         6 => wire::words(&[wire::POLL, victim, 0]),
         // random bytes, sometimes behind a valid magic
@@ -243,7 +248,7 @@ fn a_flood_of_100k_abusive_datagrams_and_1000_requests_leave_the_server_as_it_wa
         "the victim's live request"
     );
     let mut rng = Rng(0x5EED_AB05E);
-    let (mut sent, mut answered, mut leaked) = (0u64, 0u64, Vec::new());
+    let (mut sent, mut answered, mut unanswered, mut leaked) = (0u64, 0u64, 0u64, Vec::new());
     let mut own: HashSet<(usize, u32)> = HashSet::new(); // (flooder, id) of accepted mutants
     let mut buf = vec![0u8; 4096];
     let mut owed = [0u64; 2];
@@ -251,7 +256,7 @@ fn a_flood_of_100k_abusive_datagrams_and_1000_requests_leave_the_server_as_it_wa
     while sent < 100_000 {
         let which = (sent / BURST % 2) as usize;
         let f = &flooders[which];
-        let r = victim.ask(&wire::poll(8, 0));
+        let r = victim.ask(&victim.poll(8, 0));
         assert_eq!(
             wire::word(&r, 2),
             8,
@@ -264,8 +269,11 @@ fn a_flood_of_100k_abusive_datagrams_and_1000_requests_leave_the_server_as_it_wa
             burst.push(d);
         }
         sent += BURST;
-        // the replies owed to this socket (late ones from earlier bursts included)
-        owed[which] += burst.len() as u64;
+        // the replies owed to this socket (late ones from earlier bursts included): none to a
+        // datagram shorter than every reply, which would make the server an amplifier
+        let short = burst.iter().filter(|d| d.len() < REPLY_MIN).count() as u64;
+        unanswered += short;
+        owed[which] += burst.len() as u64 - short;
         while owed[which] > 0 {
             let Ok(n) = f.recv(&mut buf) else { break };
             owed[which] -= 1;
@@ -294,7 +302,15 @@ fn a_flood_of_100k_abusive_datagrams_and_1000_requests_leave_the_server_as_it_wa
         leaked.is_empty(),
         "replies about others' requests: {leaked:?}"
     );
-    assert_eq!(answered, sent, "every datagram to the port is answered");
+    assert!(
+        unanswered > 1_000,
+        "{unanswered} datagrams shorter than a reply"
+    );
+    assert_eq!(
+        answered + unanswered,
+        sent,
+        "every datagram to the port as long as a reply is answered"
+    );
 
     // the victim's request is still its own, and whole
     let (text, fin) = victim.poll_to_end(8);
@@ -313,6 +329,10 @@ fn a_flood_of_100k_abusive_datagrams_and_1000_requests_leave_the_server_as_it_wa
     let s = installed.status().unwrap();
     println!("{s}");
     assert_eq!(s.reply_failures, 0, "{s}");
+    assert_eq!(
+        s.unanswered, unanswered,
+        "the datagrams shorter than a reply, counted: {s}"
+    );
     assert!(s.refused_for(Refusal::Malformed) > 10_000, "{s}");
     assert!(s.refused_for(Refusal::UnknownRequest) > 10_000, "{s}");
     assert!(s.refused_for(Refusal::Limit) > 1_000, "{s}");

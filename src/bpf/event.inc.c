@@ -26,10 +26,13 @@
  * slot once it has finished (a finished slot whose FINAL record was sent is free to take at once).
  * The wire format is in docs/in-kernel.md.
  *
- * A reply is never longer than the datagram it answers (a poll is padded to the room its client
- * wants for text), except a REFUSED reply to a datagram shorter than it: frames grown with
- * bpf_xdp_adjust_tail were lost, every other one, after XDP_TX on a veth in native mode (Linux
- * 6.18), where shrunk and same-size ones all arrived.
+ * A reply is never longer than the frame it answers (a poll is padded to the room its client
+ * wants for text): a datagram too short for its reply (a REFUSED one to a few bytes) gets none,
+ * counted in ev_unanswered. So the server cannot amplify what a spoofed source sends. The lengths
+ * are measured on the frame: its UDP length, IPv4 total length and size must agree, or the
+ * datagram is dropped unanswered. Fragments and datagrams to an address not the interface's
+ * pass to the stack untouched. (Frames grown with bpf_xdp_adjust_tail were also lost, every other
+ * one, after XDP_TX on a veth in native mode, Linux 6.18.)
  *
  * This file holds the slots, the workqueue and ev_setup; event_xdp.inc.c the XDP side. */
 #pragma once
@@ -41,6 +44,7 @@
 #define EV_TEXT_IN_MAX 4096     /* text bytes one request may carry */
 #define EV_TF_CHAT 1            /* QBPT flags: wrap the text in the chat template */
 #define EV_SOURCES_MAX 4
+#define EV_DESTS_MAX 8          /* the interface's IPv4 addresses served */
 #define EV_FREE 0
 #define EV_BUSY 1     /* generating */
 #define EV_DONE 2     /* finished, its text and outcome kept for polls (EV_F_REPLY) */
@@ -86,6 +90,8 @@ struct ev_config {
 	u32 ifindex;     /* the interface the program is attached to */
 	u32 n_sources;
 	u32 sources[EV_SOURCES_MAX]; /* IPv4 sources served, network order */
+	u32 n_dests;
+	u32 dests[EV_DESTS_MAX]; /* the interface's IPv4 addresses, network order: others pass */
 	u32 vocab;       /* token ids must be below this */
 	u32 max_new;     /* the most new tokens a request may ask for */
 	u32 max_prompt;  /* the most prompt tokens (<= EV_PROMPT_MAX and the context) */
@@ -93,7 +99,7 @@ struct ev_config {
 	u32 flags;       /* EV_F_* */
 	u64 timeout_ns;  /* EV_F_REPLY: a slot whose client has not polled this long is given back */
 	u64 tok_text;    /* u8 [LIM_TOK_TEXT_MAX] (arena): a text request's text, for tokenize (whose
-			  * tables and work area tok_cfg names); 0: no tokenizer, text requests refused */
+			  * tables and work area tok_cfg names); 0: no tokenizer, text requests refused */	u64 secret[2];   /* EV_F_REPLY: the SipHash key of the cookies (getrandom(2) at install) */
 };
 struct ev_config ev_cfg;
 
@@ -101,8 +107,13 @@ struct ev_config ev_cfg;
 u64 ev_accepted, ev_refused_busy, ev_refused_invalid, ev_done;
 /* EV_F_REPLY: refusals by reason (EV_R_*, polls' included), polls answered, requests repeated
  * (answered ACCEPTED again, not started again), tokens generated, slots given back after the
- * timeout, replies that could not be built (the frame could not be resized). */
-u64 ev_refusals[EV_REASONS], ev_polls, ev_repeats, ev_tokens, ev_reclaimed, ev_reply_failed;
+ * timeout, replies that could not be built (the frame could not be resized), datagrams left
+ * unanswered (their reply would be longer than their frame, or the frame's lengths disagree). */
+u64 ev_refusals[EV_REASONS], ev_polls, ev_repeats, ev_tokens, ev_reclaimed, ev_reply_failed,
+	ev_unanswered;
+/* EV_F_REPLY: polls for a request of their address and port whose cookie was not the request's
+ * (a spoofer's guess, or a poll for an earlier request of the same id): dropped, no reply */
+u64 ev_bad_cookie;
 /* 1 while a worker uses the tokenizer's text buffer and work area (one text at a time) */
 u32 ev_tok_busy;
 
@@ -130,7 +141,8 @@ struct ev_slot {
 	u32 client_port;        /* its UDP port, host order */
 	u32 request;
 	s32 finish;             /* once EV_DONE: GEN_* or a negative plan error */
-	u32 delivered;          /* the FINAL record was sent */
+	u32 generation;         /* counts the requests the slot has taken (ev_launch) */
+	u32 delivered;          /* the generation whose FINAL record was sent */
 	u32 cancel;             /* give the slot back at the worker's next round */
 	u64 last_ns;            /* the request or its last poll (bpf_ktime_get_ns) */
 	/* a text request (EV_TEXT_MAGIC): tokenized by the worker before it generates */

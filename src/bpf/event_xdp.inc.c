@@ -10,7 +10,46 @@ struct ev_head {
 
 struct ev_poll {
 	u32 magic, request, offset;
+	u32 cookie_lo, cookie_hi; /* the cookie of the request's ACCEPTED reply */
 };
+
+/* SipHash-2-4 (Aumasson and Bernstein) of a 16-byte message m0, m1 under the install's secret.
+ * The twin is the standard library's `SipHasher` (tests/network_safety.rs). */
+#define SIP_ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+#define SIP_ROUND(v0, v1, v2, v3)                                                              \
+	do {                                                                                   \
+		v0 += v1; v1 = SIP_ROTL(v1, 13); v1 ^= v0; v0 = SIP_ROTL(v0, 32);              \
+		v2 += v3; v3 = SIP_ROTL(v3, 16); v3 ^= v2;                                     \
+		v0 += v3; v3 = SIP_ROTL(v3, 21); v3 ^= v0;                                     \
+		v2 += v1; v1 = SIP_ROTL(v1, 17); v1 ^= v2; v2 = SIP_ROTL(v2, 32);              \
+	} while (0)
+
+static __always_inline u64 ev_siphash16(u64 m0, u64 m1)
+{
+	u64 k0 = ev_cfg.secret[0], k1 = ev_cfg.secret[1];
+	u64 v0 = k0 ^ 0x736f6d6570736575ULL, v1 = k1 ^ 0x646f72616e646f6dULL;
+	u64 v2 = k0 ^ 0x6c7967656e657261ULL, v3 = k1 ^ 0x7465646279746573ULL;
+	u64 m[3] = { m0, m1, (u64)16 << 56 }; /* the last block: the length, no tail bytes */
+
+	for (int i = 0; i < 3; i++) {
+		v3 ^= m[i];
+		SIP_ROUND(v0, v1, v2, v3);
+		SIP_ROUND(v0, v1, v2, v3);
+		v0 ^= m[i];
+	}
+	v2 ^= 0xff;
+	for (int i = 0; i < 4; i++)
+		SIP_ROUND(v0, v1, v2, v3);
+	return v0 ^ v1 ^ v2 ^ v3;
+}
+
+/* A request's server cookie (as DNS cookies, RFC 7873): bound to the client's address and port,
+ * its request id and the slot's generation, so only who received the ACCEPTED reply can poll,
+ * and a poll for an earlier request of the same id is not this one's. */
+static __always_inline u64 ev_cookie(u32 addr, u32 port, u32 request, u32 generation)
+{
+	return ev_siphash16((u64)addr | (u64)port << 32, (u64)request | (u64)generation << 32);
+}
 
 #define EV_HDR (14 + 20 + 8) /* Ethernet, IPv4 without options, UDP */
 
@@ -23,6 +62,10 @@ static __always_inline int ev_frame(struct xdp_md *ctx, const u8 *hdr, u32 paylo
 	u32 sum = 0, ip_len = 20 + 8 + payload, udp_len = 8 + payload;
 	int cur = bpf_xdp_get_buff_len(ctx);
 
+	if (EV_HDR + payload > (u32)cur) { /* never larger than what asked for it */
+		__sync_fetch_and_add(&ev_unanswered, 1);
+		return XDP_DROP;
+	}
 	if (bpf_xdp_adjust_tail(ctx, (int)(EV_HDR + payload) - cur)) {
 		__sync_fetch_and_add(&ev_reply_failed, 1);
 		return XDP_DROP;
@@ -179,8 +222,9 @@ static __always_inline void ev_finish(struct ev_slot *s, u32 *finish, u32 *detai
 /* A poll: the text of the request since the offset, or its FINAL record once it is over. */
 static __noinline int ev_poll(struct xdp_md *ctx, const u8 *hdr, u32 src, u32 sport, u32 len)
 {
-	u32 zero = 0, slot, st, text, n, fin, detail;
-	struct ev_poll p;
+	u32 zero = 0, slot, st, text, n, fin, detail, gen;
+	int act;
+	struct ev_poll p = {};
 	struct ev_slot *s;
 	struct ev_out *o;
 	const u8 __arena *from;
@@ -196,9 +240,20 @@ static __noinline int ev_poll(struct xdp_md *ctx, const u8 *hdr, u32 src, u32 sp
 	o = bpf_map_lookup_elem(&ev_out, &zero);
 	if (!s || !o)
 		return XDP_DROP;
+	/* the generation, then the state, then the identity again: a slot given back and taken by
+	 * another request since ev_find is not this request's (the generation would be marked
+	 * delivered below, never the new request's) */
+	gen = __sync_fetch_and_add(&s->generation, 0);
+	st = __sync_fetch_and_add(&s->state, 0);
+	if ((st != EV_BUSY && st != EV_DONE) || s->request != p.request || s->client_addr != src ||
+	    s->client_port != sport)
+		return ev_refuse_as(ctx, hdr, EV_R_UNKNOWN, p.request, 1);
+	if (((u64)p.cookie_hi << 32 | p.cookie_lo) != ev_cookie(src, sport, p.request, gen)) {
+		__sync_fetch_and_add(&ev_bad_cookie, 1);
+		return XDP_DROP;
+	}
 	s->last_ns = bpf_ktime_get_ns();
 	/* the state before the length: a finished slot's length is final */
-	st = __sync_fetch_and_add(&s->state, 0);
 	text = __sync_fetch_and_add(&s->args.text_len, 0);
 	if (p.offset > text || text > s->args.text_cap)
 		return ev_refuse_as(ctx, hdr, EV_R_OFFSET, p.request, 1);
@@ -213,8 +268,10 @@ static __noinline int ev_poll(struct xdp_md *ctx, const u8 *hdr, u32 src, u32 sp
 		o->w[5] = s->args.n_prompt;
 		o->w[6] = s->args.generated;
 		o->w[7] = detail;
-		s->delivered = 1;
-		return ev_send(ctx, hdr, o, 8, 0);
+		act = ev_send(ctx, hdr, o, 8, 0);
+		if (act == XDP_TX)
+			s->delivered = gen;
+		return act;
 	}
 	n = text - p.offset;
 	if (n > EV_TEXT_REPLY_MAX)
@@ -254,7 +311,7 @@ static __always_inline u32 ev_claim(void)
 	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
 		u32 k = i, st;
 		struct ev_slot *c;
-		int stale;
+		int stale, delivered;
 
 		if (i >= ev_cfg.n_slots)
 			break;
@@ -265,9 +322,10 @@ static __always_inline u32 ev_claim(void)
 		st = *(volatile u32 *)&c->state;
 		if (st == EV_BUSY && stale)
 			c->cancel = 1;
-		if (st == EV_DONE && (stale || c->delivered) &&
+		delivered = *(volatile u32 *)&c->delivered == *(volatile u32 *)&c->generation;
+		if (st == EV_DONE && (stale || delivered) &&
 		    __sync_val_compare_and_swap(&c->state, EV_DONE, EV_CLAIMED) == EV_DONE) {
-			if (stale && !c->delivered)
+			if (stale && !delivered)
 				__sync_fetch_and_add(&ev_reclaimed, 1);
 			return i;
 		}
@@ -290,10 +348,15 @@ static __noinline int ev_launch(struct xdp_md *ctx, const u8 *hdr)
 	src = q->src, sport = q->sport, request = q->request, max_new = q->max_new, n = q->n;
 	if (ev_cfg.flags & EV_F_REPLY) {
 		/* a request sent again (its ACCEPTED reply lost?) is not started again */
-		if (ev_find(request, src, sport) < EV_SLOTS_MAX) {
+		slot = ev_find(request, src, sport);
+		if (slot < EV_SLOTS_MAX && (s = bpf_map_lookup_elem(&ev_slots, &slot))) {
+			/* its cookie goes to the address the request was from, as the first time */
+			u64 c = ev_cookie(src, sport, request, *(volatile u32 *)&s->generation);
+
 			__sync_fetch_and_add(&ev_repeats, 1);
-			return ev_answer(ctx, hdr, EV_K_ACCEPTED, request, n, max_new);
+			return ev_answer(ctx, hdr, EV_K_ACCEPTED, request, (u32)c, c >> 32);
 		}
+		s = 0;
 	}
 	slot = ev_claim();
 	if (slot < EV_SLOTS_MAX)
@@ -328,7 +391,7 @@ static __noinline int ev_launch(struct xdp_md *ctx, const u8 *hdr)
 	s->client_port = sport;
 	s->request = request;
 	s->finish = 0;
-	s->delivered = 0;
+	s->generation++; /* a late poll's delivery mark of the request before is not this one's */
 	s->cancel = 0;
 	s->last_ns = bpf_ktime_get_ns();
 	/* the fields before the state (an exchange: a full barrier): polls match on them */
@@ -338,8 +401,11 @@ static __noinline int ev_launch(struct xdp_md *ctx, const u8 *hdr)
 		return ev_refuse(EV_R_BUSY, request);
 	}
 	__sync_fetch_and_add(&ev_accepted, 1);
-	if (ev_cfg.flags & EV_F_REPLY)
-		return ev_answer(ctx, hdr, EV_K_ACCEPTED, request, n, max_new);
+	if (ev_cfg.flags & EV_F_REPLY) {
+		u64 c = ev_cookie(src, sport, request, s->generation);
+
+		return ev_answer(ctx, hdr, EV_K_ACCEPTED, request, (u32)c, c >> 32);
+	}
 	return XDP_DROP;
 }
 
@@ -442,7 +508,7 @@ int ev_xdp(struct xdp_md *ctx)
 	u8 hdr[EV_HDR];
 	struct ev_head h;
 	struct ev_stage *st;
-	u32 ihl, off, len, src, sport, dport, bytes, magic, ok = 0, zero = 0;
+	u32 ihl, off, len, ip_len, src, dst, sport, dport, bytes, magic, ok = 0, zero = 0;
 
 	if (ctx->ingress_ifindex != ev_cfg.ifindex)
 		return XDP_PASS;
@@ -454,6 +520,8 @@ int ev_xdp(struct xdp_md *ctx)
 	ihl = (hdr[14] & 15) * 4;
 	if (ihl != 20) /* IP options: not a datagram we serve */
 		return XDP_PASS;
+	if ((hdr[14 + 6] & 0x3f) || hdr[14 + 7]) /* a fragment (MF, or an offset): the stack's */
+		return XDP_PASS;
 	dport = (u32)hdr[14 + 20 + 2] << 8 | hdr[14 + 20 + 3];
 	if (dport != ev_cfg.port)
 		return XDP_PASS;
@@ -463,10 +531,27 @@ int ev_xdp(struct xdp_md *ctx)
 			ok = 1;
 	if (!ok)
 		return XDP_PASS;
+	__builtin_memcpy(&dst, &hdr[14 + 16], 4);
+	ok = 0;
+	for (u32 i = 0; i < EV_DESTS_MAX; i++)
+		if (i < ev_cfg.n_dests && ev_cfg.dests[i] == dst)
+			ok = 1;
+	if (!ok) /* not to this interface's own address (broadcast, multicast, routed through) */
+		return XDP_PASS;
 	/* ours from here: every path below is counted */
 	sport = (u32)hdr[14 + 20 + 0] << 8 | hdr[14 + 20 + 1];
 	off = EV_HDR;
 	len = ((u32)hdr[14 + 20 + 4] << 8 | hdr[14 + 20 + 5]); /* UDP length: header + payload */
+	/* the lengths, measured on the frame: the UDP length is the IPv4 payload's, and the IPv4
+	 * total length fits the frame (which may carry Ethernet padding past it). Every reply is
+	 * sized from `len`: a forged one would make the server answer more than it was sent. */
+	ip_len = (u32)hdr[14 + 2] << 8 | hdr[14 + 3];
+	if (len < 8 || ip_len != 20 + len || 14 + ip_len > (u32)bpf_xdp_get_buff_len(ctx)) {
+		__sync_fetch_and_add(&ev_refused_invalid, 1);
+		__sync_fetch_and_add(&ev_refusals[EV_R_MALFORMED], 1);
+		__sync_fetch_and_add(&ev_unanswered, 1);
+		return XDP_DROP;
+	}
 	if ((ev_cfg.flags & EV_F_REPLY) && len >= 8 + 4 && !bpf_xdp_load_bytes(ctx, off, &magic, 4) &&
 	    magic == EV_POLL_MAGIC)
 		return ev_poll(ctx, hdr, src, sport, len);

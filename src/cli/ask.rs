@@ -163,15 +163,18 @@ fn run(args: &Args, start: Instant) -> Result<()> {
     sock.connect(server).map_err(io)?;
     sock.set_read_timeout(Some(Duration::from_millis(50)))
         .map_err(io)?;
-    // an id of our own: the low bits of the time and the process id
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let request = nanos ^ std::process::id().rotate_left(16);
+    // an id of our own, unguessable (getrandom(2)): a sender spoofing our address cannot
+    // send it first
+    let mut id = [0u8; 4];
+    // SAFETY: a writable buffer of that length.
+    if unsafe { libc::getrandom(id.as_mut_ptr().cast(), id.len(), 0) } != id.len() as isize {
+        return Err(Error::io("getrandom(2)", std::io::Error::last_os_error()));
+    }
+    let request = u32::from_le_bytes(id);
     let t0 = Instant::now();
     let datagram = self::request(args, request)?;
-    match exchange(&sock, &datagram, "request", request, start + give_up)? {
-        Reply::Accepted { .. } => {}
+    let cookie = match exchange(&sock, &datagram, "request", request, start + give_up)? {
+        Reply::Accepted { cookie, .. } => cookie,
         Reply::Refused { reason, code, .. } => {
             return Err(Error::Invalid(format!(
                 "the request was refused: {} (code {code})",
@@ -179,12 +182,12 @@ fn run(args: &Args, start: Instant) -> Result<()> {
             )))
         }
         other => return Err(Error::Invalid(format!("unexpected reply {other:?}"))),
-    }
+    };
     let mut out = std::io::stdout().lock();
     let mut offset = 0u32;
     let mut first = None;
     loop {
-        let poll = poll_datagram(request, offset);
+        let poll = poll_datagram(request, offset, cookie);
         match exchange(&sock, &poll, "poll", request, Instant::now() + give_up)? {
             // a late copy of an earlier poll's reply
             Reply::Text { offset: at, .. } if at != offset => continue,

@@ -3,7 +3,7 @@
 //! ```text
 //! qwen-bpf generate [--model DIR] [--prompt TEXT] [--max-tokens N] \
 //!     [--backend q24] [--chat] [--max-context N] [--tokenizer FILE] [--tokens ID,ID,...] \
-//!     [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repeat-penalty R] \
+//!     [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] \
 //!     [--presence-penalty A] [--frequency-penalty F] [--seed N] [--kv q16|int8] \
 //!     [--save-context FILE] [--load-context FILE]
 //! ```

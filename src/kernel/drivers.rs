@@ -211,6 +211,8 @@ impl Ops {
         bss.ev_tokens = 0;
         bss.ev_reclaimed = 0;
         bss.ev_reply_failed = 0;
+        bss.ev_unanswered = 0;
+        bss.ev_bad_cookie = 0;
         if init {
             self.require("ev_setup")?;
             let mut none = 0u64;

@@ -169,8 +169,10 @@ impl Ops {
         })
     }
 
-    /// Whether the program `name` is loaded: an error naming why not (its kind refused by the
-    /// verifier or left out by [`SKIP_ENV`], or the event path's programs not asked for).
+    /// Whether the program `name`'s kind was loaded: an error naming why not (the kind refused
+    /// by the verifier, or left out by [`SKIP_ENV`]). The event path's and the filter's
+    /// programs, left out of a model opened without event slots, are not checked here: `Model`
+    /// refuses their use for that model before it gets here.
     pub(crate) fn require(&self, name: &str) -> Result<()> {
         let kind = ProgramKind::of(name);
         if let Some((_, why)) = self.without.iter().find(|w| w.0 == kind) {

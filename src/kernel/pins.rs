@@ -112,9 +112,12 @@ pub fn ensure_bpffs() -> Result<()> {
     if !root.is_dir() {
         return Err(fail(std::io::Error::from(std::io::ErrorKind::NotFound)));
     }
-    let (src, dst, ty) = (c"bpf", c_path(root)?, c"bpf");
-    // SAFETY: NUL-terminated strings; no mount data.
-    let rc = unsafe { libc::mount(src.as_ptr(), dst.as_ptr(), ty.as_ptr(), 0, std::ptr::null()) };
+    let (src, dst, ty, data) = (c"bpf", c_path(root)?, c"bpf", c"mode=0700");
+    // SAFETY: NUL-terminated strings. `mode=0700`: only root reaches what is pinned (the kernel's
+    // default is 1777), as systemd mounts it.
+    let rc = unsafe {
+        libc::mount(src.as_ptr(), dst.as_ptr(), ty.as_ptr(), 0, data.as_ptr().cast())
+    };
     if rc != 0 {
         return Err(fail(std::io::Error::last_os_error()));
     }
@@ -125,6 +128,61 @@ pub fn ensure_bpffs() -> Result<()> {
     }
     log::info!("mounted the BPF filesystem at {BPFFS}");
     Ok(())
+}
+
+/// Refuses `dir` unless it is a directory (not a symbolic link) owned by this process's user and
+/// writable by no one else: what lets root pin into it, and later remove from it, without a
+/// local user swapping it for a link to somewhere else or filling it first.
+pub fn check_private_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let refuse = |reason: String| Error::UnsafePinDir {
+        path: dir.into(),
+        reason,
+    };
+    let m = std::fs::symlink_metadata(dir).map_err(|e| Error::io(dir, e))?;
+    if m.file_type().is_symlink() {
+        return Err(refuse("it is a symbolic link".into()));
+    }
+    if !m.is_dir() {
+        return Err(refuse("it is not a directory".into()));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if m.uid() != me {
+        return Err(refuse(format!("it is owned by uid {}, not {me}", m.uid())));
+    }
+    if m.mode() & 0o022 != 0 {
+        return Err(refuse(format!(
+            "others may write in it (mode {:o})",
+            m.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+/// Creates the installation directory `dir` in the pin root `root` (itself made if missing),
+/// both mode 0700, and checks both with [`check_private_dir`]. `Ok(false)` when `dir` exists
+/// already (an installation of that name), and nothing is changed.
+pub fn create_install_dir(root: &Path, dir: &Path) -> Result<bool> {
+    use std::os::unix::fs::DirBuilderExt;
+    let mut b = std::fs::DirBuilder::new();
+    b.mode(0o700);
+    match b.create(root) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(Error::io(root, e))
+        }
+        _ => {}
+    }
+    check_private_dir(root)?;
+    // mkdir does not follow a symbolic link in its last component: a link planted at `dir`
+    // fails here as "exists".
+    match b.create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(false),
+        Err(e) => return Err(Error::io(dir, e)),
+    }
+    check_private_dir(dir)?;
+    Ok(true)
 }
 
 fn pin_fd(fd: i32, path: &Path) -> Result<()> {
@@ -384,8 +442,11 @@ impl PinnedEvents {
 }
 
 /// Detaches the XDP link pinned under `dir` and removes every pin and the directory. What the
-/// pins held is freed by the kernel once nothing else refers to it. Missing pins are skipped.
+/// pins held is freed by the kernel once nothing else refers to it. Missing pins are skipped; a
+/// pin that cannot be removed does not stop the others: the first such error is returned after
+/// every pin was tried. `dir` must pass [`check_private_dir`].
 pub fn remove(dir: &Path) -> Result<()> {
+    check_private_dir(dir)?;
     let link = dir.join(LINK_PIN);
     if link.exists() {
         let fd = get_pinned(&link)?;
@@ -403,15 +464,20 @@ pub fn remove(dir: &Path) -> Result<()> {
     }
     // every pin of every kind of installation
     let names = PIN_SETS.iter().flat_map(|s| s.progs.iter().chain(s.maps));
+    let mut first = None;
     for &name in [LINK_PIN].iter().chain(names) {
         match std::fs::remove_file(dir.join(name)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(Error::io(dir.join(name), e))
+                log::warn!("removing {}: {e}", dir.join(name).display());
+                first.get_or_insert(Error::io(dir.join(name), e));
             }
             _ => {}
         }
     }
-    std::fs::remove_dir(dir).map_err(|e| Error::io(dir, e))
+    if let Err(e) = std::fs::remove_dir(dir) {
+        first.get_or_insert(Error::io(dir, e));
+    }
+    first.map_or(Ok(()), Err)
 }
 
 /// Whether a BPF map with id `id` exists (false once the kernel has freed it).

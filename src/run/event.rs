@@ -98,6 +98,71 @@ pub fn ifindex(name: &str) -> Result<u32> {
     }
 }
 
+/// Addresses of one interface served (`EV_DESTS_MAX`): the server answers datagrams to these
+/// only.
+pub const DESTS_MAX: usize = 8;
+
+/// The IPv4 addresses of the interface `ifindex` (at most [`DESTS_MAX`]), in this network
+/// namespace, as `getifaddrs(3)` reports them. An error when it has none or more than
+/// [`DESTS_MAX`]: the server answers only datagrams sent to the interface's own addresses.
+pub fn ipv4_addresses(ifindex: u32) -> Result<Vec<Ipv4Addr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list freed below by freeifaddrs.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(Error::io("getifaddrs(3)", std::io::Error::last_os_error()));
+    }
+    let mut out = Vec::new();
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: a node of the list getifaddrs returned, not freed yet.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr whose family says its type; the name is a C string.
+        unsafe {
+            if (*ifa.ifa_addr).sa_family as i32 != libc::AF_INET
+                || libc::if_nametoindex(ifa.ifa_name) != ifindex
+            {
+                continue;
+            }
+            let sin = &*(ifa.ifa_addr as *const libc::sockaddr_in);
+            let a = Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes());
+            if !out.contains(&a) {
+                out.push(a);
+            }
+        }
+    }
+    // SAFETY: the list getifaddrs returned, freed once.
+    unsafe { libc::freeifaddrs(head) };
+    if out.is_empty() || out.len() > DESTS_MAX {
+        return Err(Error::Invalid(format!(
+            "interface {ifindex} has {} IPv4 addresses: the server answers datagrams sent to \
+             the interface's own addresses, 1 to {DESTS_MAX} of them",
+            out.len()
+        )));
+    }
+    Ok(out)
+}
+
+/// A new key for the server cookies of one installation (`ev_config.secret`), from the kernel's
+/// cryptographic generator (getrandom(2)); `bpf_get_prandom_u32`, which the BPF side could call
+/// itself, is not meant to be unguessable.
+fn cookie_secret() -> Result<[u64; 2]> {
+    let mut key = [0u8; 16];
+    // SAFETY: a writable buffer of that length; no flags (blocks only before the pool is ready).
+    let n = unsafe { libc::getrandom(key.as_mut_ptr().cast(), key.len(), 0) };
+    if n != key.len() as isize {
+        return Err(Error::io("getrandom(2)", std::io::Error::last_os_error()));
+    }
+    let (a, b) = key.split_at(8);
+    Ok([
+        u64::from_le_bytes(a.try_into().unwrap()),
+        u64::from_le_bytes(b.try_into().unwrap()),
+    ])
+}
+
 /// The payload of a request datagram (the layout is in docs/in-kernel.md): the magic
 /// `0x46504251` ("QBPF"), `request`, `max_new`, the prompt's length and its token ids, each a
 /// little-endian u32.
@@ -373,17 +438,26 @@ impl Model {
             Some(r) => self.ops.point_tokenizer(&r)?,
             None => 0,
         };
+        // the interface's own addresses: datagrams to any other pass to the stack
+        let own = ipv4_addresses(cfg.ifindex)?;
+        let mut dests = [0u32; DESTS_MAX];
+        for (d, a) in dests.iter_mut().zip(&own) {
+            *d = u32::from_ne_bytes(a.octets());
+        }
         let ev = crate::kernel::ops::EventCfg {
             port: cfg.port as u32,
             ifindex: cfg.ifindex,
             n_sources: cfg.sources.len() as u32,
             sources,
+            n_dests: own.len() as u32,
+            dests,
             vocab: self.cfg.vocab_size as u32,
             max_new: cfg.max_new,
             max_prompt: PROMPT_MAX.min(self.max_context) as u32,
             n_slots: self.events.len() as u32,
             flags,
             tok_text,
+            secret: cookie_secret()?,
             ..Default::default()
         };
         Ok((ev, templates))

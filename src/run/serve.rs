@@ -77,6 +77,20 @@ pub fn pin_dir(name: &str) -> PathBuf {
     Path::new(BPFFS).join(PIN_ROOT).join(name)
 }
 
+/// Creates the private pin directory of a new installation `name` (see
+/// [`pins::create_install_dir`]); [`Error::AlreadyInstalled`] when it exists.
+pub(crate) fn create_pin_dir(name: &str) -> Result<PathBuf> {
+    check_name(name)?;
+    let dir = pin_dir(name);
+    if !pins::create_install_dir(&Path::new(BPFFS).join(PIN_ROOT), &dir)? {
+        return Err(Error::AlreadyInstalled {
+            name: name.into(),
+            path: dir,
+        });
+    }
+    Ok(dir)
+}
+
 pub(crate) fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 64
@@ -149,19 +163,7 @@ impl Model {
             self.event_setup(&events, FLAG_REPLY, Some(cfg.text_bytes as u32))?;
         ev.timeout_ns = cfg.timeout.as_nanos().min(u64::MAX as u128) as u64;
         pins::ensure_bpffs()?;
-        let root = Path::new(BPFFS).join(PIN_ROOT);
-        std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
-        let dir = pin_dir(name);
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(Error::AlreadyInstalled {
-                    name: name.into(),
-                    path: dir,
-                })
-            }
-            Err(e) => return Err(Error::io(&dir, e)),
-        }
+        let dir = create_pin_dir(name)?;
         let pinned = self
             .ops
             .configure_events(ev, &templates, !self.events_ready)
@@ -181,7 +183,10 @@ impl Model {
             dir.display()
         );
         drop(self);
-        Installed::open(name)
+        // an installation that cannot be opened back is not left attached
+        Installed::open(name).inspect_err(|_| {
+            let _ = pins::remove(&dir);
+        })
     }
 }
 
@@ -230,6 +235,13 @@ pub struct InstallStatus {
     pub reclaimed: u64,
     /// Replies the program could not build (the frame could not be resized).
     pub reply_failures: u64,
+    /// Datagrams left unanswered: their reply would have been longer than their frame (a
+    /// REFUSED reply to a few bytes), or the frame's UDP length, IPv4 total length and size
+    /// disagree. No reply is ever larger than what asked for it.
+    pub unanswered: u64,
+    /// Polls dropped without a reply because their cookie was not their request's: a spoofed
+    /// poll, or one for an earlier request of the same id.
+    pub bad_cookie: u64,
     /// Kernel memory the model holds: the arena's size in bytes.
     pub kernel_memory: u64,
     /// The arena map's id (`bpftool map show id N`); it no longer exists once removed.
@@ -287,6 +299,12 @@ impl std::fmt::Display for InstallStatus {
             self.reclaimed
         )?;
         writeln!(f, "tokens generated: {}", self.tokens)?;
+        writeln!(
+            f,
+            "unanswered (a reply longer than its datagram, or lengths that disagree): {}",
+            self.unanswered
+        )?;
+        writeln!(f, "polls with a wrong cookie (dropped): {}", self.bad_cookie)?;
         if self.reply_failures > 0 {
             writeln!(
                 f,
@@ -308,12 +326,13 @@ impl std::fmt::Display for InstallStatus {
 pub(crate) fn installed_dir(name: &str) -> Result<PathBuf> {
     check_name(name)?;
     let dir = pin_dir(name);
-    if !dir.is_dir() {
+    if std::fs::symlink_metadata(&dir).is_err() {
         return Err(Error::NotInstalled {
             name: name.into(),
             path: dir,
         });
     }
+    pins::check_private_dir(&dir)?;
     Ok(dir)
 }
 
@@ -364,6 +383,13 @@ impl Installed {
     }
 
     /// The counters and configuration, read from the pinned maps.
+    /// For tests: the installation's cookie key (`ev_config.secret`), to recompute a cookie
+    /// with a SipHash of their own.
+    #[cfg(feature = "internals")]
+    pub fn cookie_key(&self) -> Result<[u64; 2]> {
+        Ok(self.pins.state()?.bss.ev_cfg.secret)
+    }
+
     pub fn status(&self) -> Result<InstallStatus> {
         let s = self.pins.state()?;
         let b = &s.bss;
@@ -407,6 +433,8 @@ impl Installed {
             tokens: b.ev_tokens,
             reclaimed: b.ev_reclaimed,
             reply_failures: b.ev_reply_failed,
+            unanswered: b.ev_unanswered,
+            bad_cookie: b.ev_bad_cookie,
             kernel_memory: s.arena_bytes,
             arena_map_id: s.arena_id,
             max_new: cfg.max_new,

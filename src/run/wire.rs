@@ -6,7 +6,7 @@
 //! wrapped in the chat template, with sampling parameters) or token ids made by a tokenizer in
 //! user space, generated greedily (the event path's [`crate::request_datagram`]). A client sends it,
 //! gets [`Reply::Accepted`] (or [`Reply::Refused`]), then sends [`poll_datagram`]s from the same
-//! address and port with the offset of the text it has: each is answered with the text since
+//! address and port with the offset of the text it has and the cookie ACCEPTED gave it: each is answered with the text since
 //! that offset ([`Reply::Text`], at most [`TEXT_REPLY_MAX`] bytes and no more than the poll's
 //! own length less 20, none while nothing new is generated), and once the generation is over and
 //! every byte has been fetched, with [`Reply::Final`]. A reply is never longer than the poll it
@@ -189,10 +189,11 @@ pub enum Reply {
     Accepted {
         /// The request id.
         request: u32,
-        /// Its prompt tokens.
-        prompt_tokens: u32,
-        /// The most new tokens it asked for.
-        max_new: u32,
+        /// The server cookie: every poll for this request carries it ([`poll_datagram`]); a
+        /// poll without it gets no reply. Bound to the client's address and port, the id and
+        /// the server's slot, keyed by a secret of the installation: unguessable by a sender
+        /// that did not receive this reply.
+        cookie: u64,
     },
     /// The request or poll was refused.
     Refused {
@@ -227,10 +228,11 @@ pub enum Reply {
     },
 }
 
-/// A poll for request `request`'s text from byte `offset`: the three words, zero-padded to
-/// [`POLL_BYTES`] so that the reply can carry up to [`TEXT_REPLY_MAX`] bytes.
-pub fn poll_datagram(request: u32, offset: u32) -> Vec<u8> {
-    let mut d: Vec<u8> = [POLL_MAGIC, request, offset]
+/// A poll for request `request`'s text from byte `offset`, with the `cookie` of its
+/// [`Reply::Accepted`]: five words, zero-padded to [`POLL_BYTES`] so that the reply can carry up
+/// to [`TEXT_REPLY_MAX`] bytes.
+pub fn poll_datagram(request: u32, offset: u32, cookie: u64) -> Vec<u8> {
+    let mut d: Vec<u8> = [POLL_MAGIC, request, offset, cookie as u32, (cookie >> 32) as u32]
         .iter()
         .flat_map(|w| w.to_le_bytes())
         .collect();
@@ -253,8 +255,7 @@ impl Reply {
         Some(match w(1)? {
             KIND_ACCEPTED => Reply::Accepted {
                 request,
-                prompt_tokens: w(3)?,
-                max_new: w(4)?,
+                cookie: u64::from(w(4)?) << 32 | u64::from(w(3)?),
             },
             KIND_REFUSED => Reply::Refused {
                 request,
@@ -320,9 +321,16 @@ mod tests {
             })
         );
         assert_eq!(Reply::parse(&words(&[REQUEST_MAGIC, 1, 2, 3, 4])), None);
-        let poll = poll_datagram(7, 3);
+        assert_eq!(
+            Reply::parse(&words(&[REPLY_MAGIC, KIND_ACCEPTED, 7, 0x89ab_cdef, 0x0123_4567])),
+            Some(Reply::Accepted {
+                request: 7,
+                cookie: 0x0123_4567_89ab_cdef
+            })
+        );
+        let poll = poll_datagram(7, 3, 0x0123_4567_89ab_cdef);
         assert_eq!(poll.len(), POLL_BYTES);
-        assert_eq!(poll[..12], words(&[POLL_MAGIC, 7, 3]));
-        assert!(poll[12..].iter().all(|&b| b == 0));
+        assert_eq!(poll[..20], words(&[POLL_MAGIC, 7, 3, 0x89ab_cdef, 0x0123_4567]));
+        assert!(poll[20..].iter().all(|&b| b == 0));
     }
 }

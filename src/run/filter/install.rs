@@ -14,9 +14,9 @@ use crate::kernel::filter::{
     FilterCfg, FilterLabel, PinnedFilter, BYTES_MAX, COUNT, DROP, EXCERPT, LABELS_MAX, NAME_MAX,
     PASS, STEPS_MAX, SUFFIX_MAX,
 };
-use crate::kernel::pins::{self, XdpMode, BPFFS};
+use crate::kernel::pins::{self, XdpMode};
 use crate::run::event::ifindex;
-use crate::run::serve::{check_name, installed_dir, pin_dir, PIN_ROOT};
+use crate::run::serve::{check_name, create_pin_dir, installed_dir};
 use crate::{Error, Model, Result};
 
 /// A pending flow whose classification has not ended after this long is classified again at
@@ -148,8 +148,8 @@ impl Model {
             first_line: r.first_line as u32,
             n_labels: r.labels.len() as u32,
             fallback: rule.fallback() as u32,
-            pending: policy_code(r.pending),
-            overflow: policy_code(r.overflow),
+            pending: policy_code(r.pending_policy()),
+            overflow: policy_code(r.overflow_policy()),
             n_slots: slots as u32,
             prefix_len: prefix.len() as u32,
             n_suffix: rule.suffix().len() as u32,
@@ -239,19 +239,7 @@ impl Filter {
         }
         model.filter_setup(&rule, ifindex)?;
         pins::ensure_bpffs()?;
-        let root = std::path::Path::new(BPFFS).join(PIN_ROOT);
-        std::fs::create_dir_all(&root).map_err(|e| Error::io(&root, e))?;
-        let dir = pin_dir(name);
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(Error::AlreadyInstalled {
-                    name: name.into(),
-                    path: dir,
-                })
-            }
-            Err(e) => return Err(Error::io(&dir, e)),
-        }
+        let dir = create_pin_dir(name)?;
         if let Err(e) = model.ops.pin(&pins::FILTER_PINS, ifindex, opts.xdp_mode, &dir) {
             let _ = std::fs::remove_dir(&dir);
             return Err(e);
@@ -262,7 +250,10 @@ impl Filter {
             dir.display()
         );
         drop(model);
-        InstalledFilter::open(name)
+        // an installation that cannot be opened back is not left attached
+        InstalledFilter::open(name).inspect_err(|_| {
+            let _ = pins::remove(&dir);
+        })
     }
 }
 

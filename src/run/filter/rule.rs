@@ -46,6 +46,17 @@ pub enum Protocol {
     Tcp,
 }
 
+impl Protocol {
+    /// The `pending` and `overflow` policies of a rule that names none: TCP fails closed (a
+    /// dropped segment is sent again), UDP open (a dropped datagram is lost).
+    pub fn default_policy(self) -> Policy {
+        match self {
+            Protocol::Tcp => Policy::Drop,
+            Protocol::Udp => Policy::Pass,
+        }
+    }
+}
+
 /// What a label does to the packets of a flow classified as it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", try_from = "String")]
@@ -62,10 +73,10 @@ pub enum Action {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase", try_from = "String")]
 pub enum Policy {
-    /// Let them through (the default).
+    /// Let them through (UDP's default).
     #[default]
     Pass,
-    /// Drop them.
+    /// Drop them (TCP's default).
     Drop,
 }
 
@@ -253,12 +264,14 @@ pub struct FilterRule {
     /// The label chosen when the margin or threshold is not met (default: the first label).
     #[serde(default)]
     pub fallback: Option<String>,
-    /// Packets of a flow whose verdict is not ready yet (default pass).
-    #[serde(default)]
-    pub pending: Policy,
-    /// A new flow that finds every classification slot busy (default pass).
-    #[serde(default)]
-    pub overflow: Policy,
+    /// Packets of a flow whose verdict is not ready yet, the packet judged among them; absent:
+    /// [`FilterRule::pending_policy`]'s default (drop for TCP, pass for UDP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pending: Option<Policy>,
+    /// A new flow that finds every classification slot busy; absent:
+    /// [`FilterRule::overflow_policy`]'s default (drop for TCP, pass for UDP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overflow: Option<Policy>,
     /// Seconds a flow's verdict is kept: 1..=86,400 (`TTL_MAX`) (default 300).
     #[serde(default = "default_ttl")]
     pub ttl_seconds: u32,
@@ -283,6 +296,21 @@ fn rule_err(field: impl Into<String>, msg: impl Into<String>) -> Error {
 }
 
 impl FilterRule {
+    /// The policy for packets of a flow whose verdict is not ready: the rule's, else fail
+    /// closed for TCP (`drop`: the client retransmits, and the retransmission meets the
+    /// verdict) and open for UDP (`pass`: a datagram dropped is lost, so the judged datagram
+    /// itself reaches the server before its verdict exists; say `drop` to judge first).
+    pub fn pending_policy(&self) -> Policy {
+        self.pending.unwrap_or(self.protocol.default_policy())
+    }
+
+    /// The policy for a new flow that finds every classification slot busy: the rule's, else
+    /// `drop` for TCP (fail closed) and `pass` for UDP (fail open), as
+    /// [`pending_policy`](Self::pending_policy).
+    pub fn overflow_policy(&self) -> Policy {
+        self.overflow.unwrap_or(self.protocol.default_policy())
+    }
+
     /// Parses and [validates](Self::validate) a rule. Text that is not a rule (bad JSON, a
     /// value of the wrong type, an unknown or missing field) is [`Error::Rule`] with field
     /// `JSON` and serde's message, which gives the line and column.

@@ -1,0 +1,334 @@
+//! An installed model facing a spoofing sender: crafted frames run through the pinned XDP
+//! program with `BPF_PROG_TEST_RUN` (the frame goes in as bytes, the program's verdict and the
+//! frame it would send come back), so headers can lie as no kernel socket lets them. Shown:
+//! no reply is larger than the frame that asked for it (a forged UDP or IPv4 length, a datagram
+//! shorter than every reply); fragments and datagrams to other addresses or from other sources
+//! pass to the stack untouched; every reply's lengths agree with its frame; every unanswered
+//! datagram is counted; the server cookie is SipHash-2-4 of what it binds, and a poll without it
+//! gets nothing.
+//!
+//! Needs root and BPF arenas (in the VMs' smoke suite where the host refuses them); fails, never
+//! skips, without them.
+
+mod common;
+
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use common::serve::{install_in_process, wire, Installation, CTX};
+use libbpf_rs::libbpf_sys;
+use qwen_bpf::run::serve::pin_dir;
+use qwen_bpf::{InstallConfig, Installed, Refusal};
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const XDP_TX: u32 = 3;
+/// Ethernet, IPv4 without options, UDP.
+const HDR: usize = 14 + 20 + 8;
+
+/// A frame as a sender forges it: `payload` in UDP from 127.0.0.1:`sport` to `dst`:`dport`, with
+/// the IPv4 total length, UDP length and fragment field given (not computed), `pad` bytes of
+/// Ethernet padding after the datagram.
+struct Frame<'a> {
+    payload: &'a [u8],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    sport: u16,
+    dport: u16,
+    ip_len: u16,
+    udp_len: u16,
+    frag: u16,
+    pad: usize,
+}
+
+impl<'a> Frame<'a> {
+    /// An honest frame: lengths that agree, no fragment bits, no padding.
+    fn honest(payload: &'a [u8], dport: u16) -> Frame<'a> {
+        Frame {
+            payload,
+            src: Ipv4Addr::LOCALHOST,
+            dst: Ipv4Addr::LOCALHOST,
+            sport: 40_000,
+            dport,
+            ip_len: (20 + 8 + payload.len()) as u16,
+            udp_len: (8 + payload.len()) as u16,
+            frag: 0,
+            pad: 0,
+        }
+    }
+
+    fn bytes(&self) -> Vec<u8> {
+        let mut f = vec![0u8; 12];
+        f.extend_from_slice(&[0x08, 0x00]);
+        f.extend_from_slice(&[0x45, 0]);
+        f.extend_from_slice(&self.ip_len.to_be_bytes());
+        f.extend_from_slice(&[0, 1]);
+        f.extend_from_slice(&self.frag.to_be_bytes());
+        f.extend_from_slice(&[64, 17, 0, 0]);
+        f.extend_from_slice(&self.src.octets());
+        f.extend_from_slice(&self.dst.octets());
+        f.extend_from_slice(&self.sport.to_be_bytes());
+        f.extend_from_slice(&self.dport.to_be_bytes());
+        f.extend_from_slice(&self.udp_len.to_be_bytes());
+        f.extend_from_slice(&[0, 0]);
+        f.extend_from_slice(self.payload);
+        f.resize(f.len() + self.pad, 0);
+        f
+    }
+}
+
+/// Runs the pinned `ev_xdp` once on `frame`: its action and the frame it leaves.
+fn run(prog: &OwnedFd, frame: &[u8]) -> (u32, Vec<u8>) {
+    let mut out = vec![0u8; 4096];
+    // SAFETY: zeroed options, then the size and buffers of this call, which outlive it.
+    let mut opts: libbpf_sys::bpf_test_run_opts = unsafe { std::mem::zeroed() };
+    opts.sz = std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _;
+    opts.data_in = frame.as_ptr() as *const _;
+    opts.data_size_in = frame.len() as u32;
+    opts.data_out = out.as_mut_ptr() as *mut _;
+    opts.data_size_out = out.len() as u32;
+    opts.repeat = 1;
+    // SAFETY: a program fd and options whose buffers are live for the call.
+    let rc = unsafe { libbpf_sys::bpf_prog_test_run_opts(prog.as_raw_fd(), &mut opts) };
+    assert_eq!(
+        rc,
+        0,
+        "BPF_PROG_TEST_RUN of ev_xdp: {}",
+        std::io::Error::last_os_error()
+    );
+    out.truncate(opts.data_size_out as usize);
+    (opts.retval, out)
+}
+
+/// The pinned XDP program of installation `name`.
+fn pinned_xdp(name: &str) -> OwnedFd {
+    let path = std::ffi::CString::new(
+        pin_dir(name)
+            .join("ev_xdp")
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    // SAFETY: a NUL-terminated path.
+    let fd = unsafe { libbpf_sys::bpf_obj_get(path.as_ptr()) };
+    assert!(
+        fd >= 0,
+        "the pin of ev_xdp: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: a new fd that nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// A reply frame's own lengths agree with its size, and it is no larger than `asked`.
+fn check_reply(asked: &[u8], reply: &[u8]) {
+    assert!(
+        reply.len() <= asked.len(),
+        "a reply of {} bytes to a frame of {}",
+        reply.len(),
+        asked.len()
+    );
+    let ip_len = u16::from_be_bytes([reply[16], reply[17]]) as usize;
+    let udp_len = u16::from_be_bytes([reply[38], reply[39]]) as usize;
+    assert_eq!(
+        (14 + ip_len, ip_len - 20),
+        (reply.len(), udp_len),
+        "the reply's lengths"
+    );
+    assert_eq!(wire::word(&reply[HDR..], 0), wire::REPLY, "the reply magic");
+}
+
+#[test]
+fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themselves() {
+    let dir = common::tiny_model_with_tokenizer("netsafe");
+    let (name, port) = ("test-net-safety", 47_331u16);
+    let _cleanup = Installation::new(name);
+    let cfg = InstallConfig {
+        max_new: 2,
+        timeout: Duration::from_millis(300),
+        ..InstallConfig::loopback(port)
+    };
+    install_in_process(&dir, name, 2, CTX, &cfg);
+    let installed = Installed::open(name).unwrap();
+    let prog = pinned_xdp(name);
+    let before = installed.status().unwrap();
+
+    // an honest request of one token (20 bytes): ACCEPTED, as long as the request
+    let request = wire::request(9_001, 1, &[785]);
+    let honest = Frame::honest(&request, port).bytes();
+    let (act, out) = run(&prog, &honest);
+    assert_eq!(act, XDP_TX, "an honest request is answered");
+    check_reply(&honest, &out);
+    assert_eq!(wire::word(&out[HDR..], 1), wire::ACCEPTED);
+
+    // its cookie: SipHash-2-4, under the installation's key, of the client's address and port,
+    // the id and the slot's generation (a fresh slot's first request: 1)
+    let cookie =
+        u64::from(wire::word(&out[HDR..], 4)) << 32 | u64::from(wire::word(&out[HDR..], 3));
+    let key = installed.cookie_key().unwrap();
+    assert_eq!(
+        cookie,
+        siphash(key, Ipv4Addr::LOCALHOST, 40_000, 9_001, 1),
+        "the kernel's cookie equals the standard library's SipHash-2-4"
+    );
+    // a poll carrying it is answered; a wrong cookie (one bit off, none) gets nothing, counted
+    let good = Frame::honest(&wire::poll(9_001, 0, cookie), port).bytes();
+    let (act, out) = run(&prog, &good);
+    assert_eq!(act, XDP_TX, "a poll with the request's cookie is answered");
+    check_reply(&good, &out);
+    assert_ne!(
+        wire::word(&out[HDR..], 1),
+        wire::REFUSED,
+        "{:?}",
+        &out[HDR..]
+    );
+    for wrong in [cookie ^ 1, cookie ^ 1 << 63, 0] {
+        let bytes = Frame::honest(&wire::poll(9_001, 0, wrong), port).bytes();
+        let (act, _) = run(&prog, &bytes);
+        assert_eq!(
+            act, XDP_DROP,
+            "a poll with cookie {wrong:#x} instead of {cookie:#x}"
+        );
+    }
+
+    // Ethernet padding past the datagram (a 60-byte minimum on real links) is allowed
+    let request = wire::request(9_002, 1, &[785]);
+    let padded = Frame {
+        pad: 18,
+        ..Frame::honest(&request, port)
+    }
+    .bytes();
+    let (act, out) = run(&prog, &padded);
+    assert_eq!(act, XDP_TX, "a padded frame is served");
+    check_reply(&padded, &out);
+
+    // the amplification attempt: a 12-byte poll whose UDP header claims 1,052 bytes, in a
+    // 54-byte frame; the IPv4 length forged too; a forged UDP length shorter than the datagram
+    let poll = &wire::poll(9_001, 0, cookie)[..12];
+    let mut unanswered = 0;
+    let forged = [
+        Frame {
+            udp_len: 1_052,
+            ..Frame::honest(poll, port)
+        },
+        Frame {
+            udp_len: 1_052,
+            ip_len: 1_072,
+            ..Frame::honest(poll, port)
+        },
+        Frame {
+            udp_len: 8 + 4,
+            ..Frame::honest(&request, port)
+        },
+    ];
+    for f in &forged {
+        let bytes = f.bytes();
+        let (act, out) = run(&prog, &bytes);
+        assert_eq!(
+            act,
+            XDP_DROP,
+            "UDP length {} and IPv4 length {} in a frame of {} bytes",
+            f.udp_len,
+            f.ip_len,
+            bytes.len()
+        );
+        assert!(out.len() <= bytes.len());
+        unanswered += 1;
+    }
+
+    // honest lengths, but shorter than every reply (20 bytes): no reply at all
+    for payload in [&poll[..], &request[..16], &[][..]] {
+        let bytes = Frame::honest(payload, port).bytes();
+        let (act, _) = run(&prog, &bytes);
+        assert_eq!(act, XDP_DROP, "a datagram of {} bytes", payload.len());
+        unanswered += 1;
+    }
+
+    // a poll padded to 32 bytes for an unknown id: REFUSED, no larger than it
+    let mut poll32 = wire::poll(424_242, 0, 0);
+    poll32.truncate(32);
+    let bytes = Frame::honest(&poll32, port).bytes();
+    let (act, out) = run(&prog, &bytes);
+    assert_eq!(act, XDP_TX);
+    check_reply(&bytes, &out);
+    assert_eq!(wire::word(&out[HDR..], 1), wire::REFUSED);
+
+    // not ours: fragments (MF, or an offset), other destinations, other sources, other ports
+    let not_ours = [
+        (
+            "a first fragment (MF)",
+            Frame {
+                frag: 0x2000,
+                ..Frame::honest(&request, port)
+            },
+        ),
+        (
+            "a later fragment",
+            Frame {
+                frag: 0x0010,
+                ..Frame::honest(&request, port)
+            },
+        ),
+        (
+            "to 127.0.0.2",
+            Frame {
+                dst: Ipv4Addr::new(127, 0, 0, 2),
+                ..Frame::honest(&request, port)
+            },
+        ),
+        (
+            "to a broadcast",
+            Frame {
+                dst: Ipv4Addr::BROADCAST,
+                ..Frame::honest(&request, port)
+            },
+        ),
+        (
+            "from 10.0.0.1",
+            Frame {
+                src: Ipv4Addr::new(10, 0, 0, 1),
+                ..Frame::honest(&request, port)
+            },
+        ),
+        ("to another port", Frame::honest(&request, port + 1)),
+    ];
+    for (what, f) in &not_ours {
+        let bytes = f.bytes();
+        let (act, out) = run(&prog, &bytes);
+        assert_eq!(act, XDP_PASS, "{what} passes to the stack");
+        assert_eq!(out, bytes, "{what} passes untouched");
+    }
+
+    let after = installed.status().unwrap();
+    assert_eq!(
+        after.unanswered - before.unanswered,
+        unanswered,
+        "every datagram left unanswered is counted: {after}"
+    );
+    assert_eq!(
+        after.refused_for(Refusal::Malformed) - before.refused_for(Refusal::Malformed),
+        3 + 3, // the forged frames, and the short ones (a poll shorter than FINAL's room too)
+        "{after}"
+    );
+    assert_eq!(after.accepted - before.accepted, 2, "{after}");
+    assert_eq!(
+        after.bad_cookie - before.bad_cookie,
+        3,
+        "the wrong cookies: {after}"
+    );
+}
+
+/// SipHash-2-4 of the 16 bytes a cookie hashes (`ev_cookie`), by the standard library's
+/// `SipHasher`: the address's octets, then the port, the request id and the slot's generation as
+/// little-endian u32s.
+#[allow(deprecated)]
+fn siphash(key: [u64; 2], addr: Ipv4Addr, port: u16, request: u32, generation: u32) -> u64 {
+    use std::hash::Hasher;
+    let mut h = std::hash::SipHasher::new_with_keys(key[0], key[1]);
+    h.write(&addr.octets());
+    h.write(&u32::from(port).to_le_bytes());
+    h.write(&request.to_le_bytes());
+    h.write(&generation.to_le_bytes());
+    h.finish()
+}
