@@ -382,7 +382,6 @@ impl Installed {
         &self.dir
     }
 
-    /// The counters and configuration, read from the pinned maps.
     /// For tests: the installation's cookie key (`ev_config.secret`), to recompute a cookie
     /// with a SipHash of their own.
     #[cfg(feature = "internals")]
@@ -390,6 +389,7 @@ impl Installed {
         Ok(self.pins.state()?.bss.ev_cfg.secret)
     }
 
+    /// The counters and configuration, read from the pinned maps.
     pub fn status(&self) -> Result<InstallStatus> {
         let s = self.pins.state()?;
         let b = &s.bss;
