@@ -178,6 +178,7 @@ fn main() {
     m.load_vocabulary(&tok).unwrap();
     let cfg = InstallConfig {
         max_new: tokens as u32,
+        rate: None, // the bench sends as fast as the server answers
         ..InstallConfig::loopback(PORT)
     };
     m.install(NAME, &cfg).expect("installing");

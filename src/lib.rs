@@ -97,7 +97,9 @@ pub use kernel::tokenize::KernelTokenizer;
 pub use kernel::verifier::ProgramKind;
 pub use model::kv::saved_position;
 pub use model::{KernelMemory, Model, ModelOptions};
-pub use run::event::{request_datagram, Event, EventConfig, EventCounters, EventServer, Refusal};
+pub use run::event::{
+    request_datagram, Event, EventConfig, EventCounters, EventServer, RateLimit, Refusal,
+};
 pub use run::filter;
 pub use run::generate::{FinishReason, GenerateOptions, Generation, TextGeneration};
 pub use run::in_kernel::{KernelGeneration, KernelText};

@@ -10,6 +10,7 @@ use qwen_bpf::kernel::tokenize;
 use qwen_bpf::kernel::{filter, plan, ring};
 use qwen_bpf::num::{kv8, sample, swar, tok_tables, tok_twin};
 use qwen_bpf::run::{event, in_kernel, wire};
+use qwen_bpf::Refusal;
 
 #[test]
 fn every_constant_shared_by_c_and_rust_is_the_same_on_both_sides() {
@@ -237,6 +238,17 @@ fn every_constant_shared_by_c_and_rust_is_the_same_on_both_sides() {
             "EV_R_UTF8 vs event::R_UTF8",
             c.ev_r_utf8 as i64,
             event::R_UTF8 as i64,
+        ),
+        (
+            "EV_R_SOURCE vs event::R_SOURCE",
+            c.ev_r_source as i64,
+            event::R_SOURCE as i64,
+        ),
+        (
+            "EV_REASONS holds every reason's code",
+            (c.ev_reasons > event::R_SOURCE && Refusal::ALL.iter().all(|r| r.code() < c.ev_reasons))
+                as i64,
+            1,
         ),
         (
             "EV_TEXT_MAGIC vs wire::TEXT_MAGIC",

@@ -19,7 +19,7 @@ use std::time::Duration;
 use common::serve::{install_in_process, wire, Installation, CTX};
 use libbpf_rs::libbpf_sys;
 use qwen_bpf::run::serve::pin_dir;
-use qwen_bpf::{InstallConfig, Installed, Refusal};
+use qwen_bpf::{InstallConfig, Installed, RateLimit, Refusal};
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -331,4 +331,127 @@ fn siphash(key: [u64; 2], addr: Ipv4Addr, port: u16, request: u32, generation: u
     h.write(&request.to_le_bytes());
     h.write(&generation.to_le_bytes());
     h.finish()
+}
+
+/// A request from `src`:`sport` through the pinned program: its action and reply words.
+fn ask(prog: &OwnedFd, src: Ipv4Addr, sport: u16, port: u16, payload: &[u8]) -> (u32, Vec<u32>) {
+    let bytes = Frame {
+        src,
+        sport,
+        ..Frame::honest(payload, port)
+    }
+    .bytes();
+    let (act, out) = run(prog, &bytes);
+    if act == XDP_TX {
+        check_reply(&bytes, &out);
+    }
+    let words = out[HDR.min(out.len())..]
+        .chunks_exact(4)
+        .take(5)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (act, words)
+}
+
+#[test]
+fn a_source_flooding_holds_one_slot_meets_its_rate_and_leaves_the_others_served() {
+    let dir = common::tiny_model_with_tokenizer("netsafe-flood");
+    let (name, port) = ("test-net-flood", 47_341u16);
+    let _cleanup = Installation::new(name);
+    let (flooder, other) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::LOCALHOST);
+    let cfg = InstallConfig {
+        max_new: 2,
+        // long enough that the flooder's unpolled slot is still its own at the end
+        timeout: Duration::from_secs(60),
+        // a token each 10 s: none comes back while the test runs
+        rate: Some(RateLimit {
+            per_second: 0.1,
+            burst: 4,
+        }),
+        ..InstallConfig::on_interface("lo", port, vec![other, flooder])
+    };
+    install_in_process(&dir, name, 3, CTX, &cfg);
+    let installed = Installed::open(name).unwrap();
+    let prog = pinned_xdp(name);
+    let s = installed.status().unwrap();
+    assert_eq!(
+        s.per_source_slots, 1,
+        "two sources served: one slot each by default"
+    );
+
+    // the flooder, from 40 ports: its first request takes a slot, the next three (its burst)
+    // are refused for its share, every one after is over its rate and dropped unanswered
+    let request = |id: u32| wire::request(id, 2, &[785]);
+    let mut replies = Vec::new();
+    for i in 0..40u16 {
+        replies.push(ask(
+            &prog,
+            flooder,
+            50_000 + i,
+            port,
+            &request(1_000 + i as u32),
+        ));
+    }
+    assert_eq!(replies[0].0, XDP_TX);
+    assert_eq!(
+        replies[0].1[1],
+        wire::ACCEPTED,
+        "the flooder's first request"
+    );
+    for (i, (act, w)) in replies[1..4].iter().enumerate() {
+        assert_eq!(*act, XDP_TX);
+        assert_eq!(
+            (w[1], w[3]),
+            (wire::REFUSED, Refusal::SourceBusy.code()),
+            "the flooder's request {} while it holds its slot",
+            i + 2
+        );
+    }
+    for (i, (act, _)) in replies[4..].iter().enumerate() {
+        assert_eq!(
+            *act,
+            XDP_DROP,
+            "the flooder's request {} is over its rate",
+            i + 5
+        );
+    }
+
+    // the other source is served while the flooder floods: accepted, polled to its end
+    let (act, w) = ask(&prog, other, 40_000, port, &request(7));
+    assert_eq!((act, w[1]), (XDP_TX, wire::ACCEPTED), "the other source");
+    let cookie = u64::from(w[4]) << 32 | u64::from(w[3]);
+    let mut offset = 0;
+    let finished = common::serve::eventually(Duration::from_secs(30), || {
+        for i in 0..5u16 {
+            // the flood goes on between polls
+            ask(&prog, flooder, 51_000 + i, port, &request(2_000));
+        }
+        let (act, w) = ask(&prog, other, 40_000, port, &wire::poll(7, offset, cookie));
+        assert_eq!(act, XDP_TX, "a poll of the other source");
+        match w[1] {
+            wire::TEXT => {
+                offset += w[4];
+                false
+            }
+            wire::FINAL => true,
+            k => panic!("a poll of the other source answered {k}: {w:?}"),
+        }
+    });
+    assert!(
+        finished,
+        "the other source's request ends while the flooder floods"
+    );
+
+    let s = installed.status().unwrap();
+    assert_eq!(s.accepted, 2, "the flooder's one slot and the other's: {s}");
+    assert_eq!(s.refused_for(Refusal::SourceBusy), 3, "{s}");
+    assert!(
+        s.rate_limited >= 36,
+        "the flooder's requests past its burst are dropped and counted: {s}"
+    );
+    let shown = s.to_string();
+    assert!(
+        shown.contains("per source: 1 slots at most; rate 0.1 requests/s, bursts of 4"),
+        "{shown}"
+    );
 }

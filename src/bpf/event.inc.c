@@ -31,7 +31,10 @@
  * counted in ev_unanswered. So the server cannot amplify what a spoofed source sends. The lengths
  * are measured on the frame: its UDP length, IPv4 total length and size must agree, or the
  * datagram is dropped unanswered. Fragments and datagrams to an address not the interface's
- * pass to the stack untouched. (Frames grown with bpf_xdp_adjust_tail were also lost, every other
+ * pass to the stack untouched. Each source address holds at most ev_cfg.per_source slots at
+ * once (refused EV_R_SOURCE past it), and its requests (not its polls) are rate limited (a token
+ * bucket per source in an LRU map): over the rate they are dropped unanswered and counted, so one
+ * served source cannot keep the others out. (Frames grown with bpf_xdp_adjust_tail were also lost, every other
  * one, after XDP_TX on a veth in native mode, Linux 6.18.)
  *
  * This file holds the slots, the workqueue and ev_setup; event_xdp.inc.c the XDP side. */
@@ -61,7 +64,9 @@
 #define EV_R_UNKNOWN 5 /* a poll for no request this address and port made (or one given back) */
 #define EV_R_OFFSET 6 /* a poll past the text generated so far */
 #define EV_R_UTF8 7   /* a text request whose text is not UTF-8 */
-#define EV_REASONS 8
+#define EV_R_SOURCE 8 /* its source address holds its share of the slots (ev_cfg.per_source) */
+#define EV_REASONS 16
+#define EV_RATE_SOURCES 64      /* sources the rate limiter remembers (an LRU map) */
 
 /* Replies (EV_F_REPLY): little-endian u32 words, then text bytes; docs/in-kernel.md. */
 #define EV_POLL_MAGIC 0x4C504251  /* "QBPL": a poll datagram */
@@ -99,11 +104,17 @@ struct ev_config {
 	u32 flags;       /* EV_F_* */
 	u64 timeout_ns;  /* EV_F_REPLY: a slot whose client has not polled this long is given back */
 	u64 tok_text;    /* u8 [LIM_TOK_TEXT_MAX] (arena): a text request's text, for tokenize (whose
-			  * tables and work area tok_cfg names); 0: no tokenizer, text requests refused */	u64 secret[2];   /* EV_F_REPLY: the SipHash key of the cookies (getrandom(2) at install) */
+			  * tables and work area tok_cfg names); 0: no tokenizer, text requests refused */
+	u64 secret[2];   /* EV_F_REPLY: the SipHash key of the cookies (getrandom(2) at install) */
+	u32 per_source;  /* the most slots one source address holds at once (1 to n_slots) */
+	u32 pad;
+	u64 rate_ns;     /* a source's requests: one per rate_ns on average; 0: no rate limit */
+	u64 rate_tau_ns; /* ... with a burst of b requests: (b - 1) * rate_ns */
 };
 struct ev_config ev_cfg;
 
-/* Counters (.bss): every request datagram to the port ends in exactly one of the first three. */
+/* Counters (.bss): every request datagram to the port ends in exactly one of the first three,
+ * or is dropped by the rate limiter (ev_rate_limited). */
 u64 ev_accepted, ev_refused_busy, ev_refused_invalid, ev_done;
 /* EV_F_REPLY: refusals by reason (EV_R_*, polls' included), polls answered, requests repeated
  * (answered ACCEPTED again, not started again), tokens generated, slots given back after the
@@ -114,6 +125,8 @@ u64 ev_refusals[EV_REASONS], ev_polls, ev_repeats, ev_tokens, ev_reclaimed, ev_r
 /* EV_F_REPLY: polls for a request of their address and port whose cookie was not the request's
  * (a spoofer's guess, or a poll for an earlier request of the same id): dropped, no reply */
 u64 ev_bad_cookie;
+/* request datagrams (not polls) over their source's rate (ev_cfg.rate_ns): dropped, no reply */
+u64 ev_rate_limited;
 /* 1 while a worker uses the tokenizer's text buffer and work area (one text at a time) */
 u32 ev_tok_busy;
 
@@ -204,6 +217,15 @@ struct {
 	__type(key, u32);
 	__type(value, struct ev_slot);
 } ev_slots SEC(".maps");
+
+/* The rate limiter's state per source address (network order): the theoretical arrival time of
+ * its next request (GCRA, the token bucket's equivalent with one word), bpf_ktime_get_ns. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, EV_RATE_SOURCES);
+	__type(key, u32);
+	__type(value, u64);
+} ev_rate SEC(".maps");
 
 
 /* A record without text: a request's outcome or refusal. */

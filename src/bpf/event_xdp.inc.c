@@ -156,7 +156,7 @@ static __always_inline int ev_refuse_as(struct xdp_md *ctx, const u8 *hdr, u32 r
 					u32 request, int poll)
 {
 	if (!poll) {
-		if (reason == EV_R_BUSY)
+		if (reason == EV_R_BUSY || reason == EV_R_SOURCE)
 			__sync_fetch_and_add(&ev_refused_busy, 1);
 		else
 			__sync_fetch_and_add(&ev_refused_invalid, 1);
@@ -333,6 +333,64 @@ static __always_inline u32 ev_claim(void)
 	return EV_SLOTS_MAX;
 }
 
+/* Whether a request from `src` is within its rate (GCRA: a token bucket of ev_cfg's burst
+ * refilled one request per rate_ns, kept as the time its next request is due). A lost race
+ * against another CPU retries a few times, then counts as over the rate. */
+static __always_inline int ev_rate_ok(u32 src)
+{
+	u64 now = bpf_ktime_get_ns(), *tat, next, due;
+
+	if (!ev_cfg.rate_ns)
+		return 1;
+	tat = bpf_map_lookup_elem(&ev_rate, &src);
+	if (!tat) {
+		next = now + ev_cfg.rate_ns;
+		if (!bpf_map_update_elem(&ev_rate, &src, &next, BPF_NOEXIST))
+			return 1;
+		tat = bpf_map_lookup_elem(&ev_rate, &src); /* another CPU made it */
+		if (!tat)
+			return 0;
+	}
+	for (int i = 0; i < 4; i++) {
+		u64 old = *(volatile u64 *)tat;
+
+		due = old > now ? old : now;
+		if (due - now > ev_cfg.rate_tau_ns) /* the bucket is empty */
+			return 0;
+		if (__sync_val_compare_and_swap(tat, old, due + ev_cfg.rate_ns) == old)
+			return 1;
+	}
+	return 0;
+}
+
+/* The slots `src` holds: being claimed, generating, or finished with their FINAL record not yet
+ * sent and their client still polling (as ev_claim would not take them). */
+static __always_inline u32 ev_held(u32 src)
+{
+	u64 now = bpf_ktime_get_ns();
+	u32 held = 0;
+
+	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
+		u32 k = i, st;
+		struct ev_slot *c;
+
+		if (i >= ev_cfg.n_slots)
+			break;
+		c = bpf_map_lookup_elem(&ev_slots, &k);
+		if (!c)
+			break;
+		if (*(volatile u32 *)&c->client_addr != src)
+			continue;
+		st = *(volatile u32 *)&c->state;
+		if (st == EV_CLAIMED || st == EV_BUSY ||
+		    (st == EV_DONE &&
+		     *(volatile u32 *)&c->delivered != *(volatile u32 *)&c->generation &&
+		     now - *(volatile u64 *)&c->last_ns <= ev_cfg.timeout_ns))
+			held++;
+	}
+	return held;
+}
+
 /* Claims a slot for a checked request, fills the slot from its template and starts its worker;
  * the ACCEPTED or REFUSED reply. */
 static __noinline int ev_launch(struct xdp_md *ctx, const u8 *hdr)
@@ -363,6 +421,13 @@ static __noinline int ev_launch(struct xdp_md *ctx, const u8 *hdr)
 		s = bpf_map_lookup_elem(&ev_slots, &slot);
 	if (!s)
 		return ev_refuse(EV_R_BUSY, request);
+	/* the source's share, counted with this claim marked as its own (an exchange: a full
+	 * barrier), so two CPUs claiming for one source at once cannot both pass */
+	__sync_lock_test_and_set(&s->client_addr, src);
+	if (ev_cfg.per_source && ev_held(src) > ev_cfg.per_source) {
+		__sync_lock_test_and_set(&s->state, EV_FREE);
+		return ev_refuse(EV_R_SOURCE, request);
+	}
 	s->is_text = q->is_text;
 	if (q->is_text) {
 		s->text_flags = q->flags;
@@ -555,6 +620,11 @@ int ev_xdp(struct xdp_md *ctx)
 	if ((ev_cfg.flags & EV_F_REPLY) && len >= 8 + 4 && !bpf_xdp_load_bytes(ctx, off, &magic, 4) &&
 	    magic == EV_POLL_MAGIC)
 		return ev_poll(ctx, hdr, src, sport, len);
+	/* a request (or what claims to be one): within its source's rate, or dropped unanswered */
+	if (!ev_rate_ok(src)) {
+		__sync_fetch_and_add(&ev_rate_limited, 1);
+		return XDP_DROP;
+	}
 	if (len >= 8 + 4 && !bpf_xdp_load_bytes(ctx, off, &magic, 4) && magic == EV_TEXT_MAGIC)
 		return ev_text_request(ctx, hdr, src, sport, len);
 	if (len < 8 + sizeof(h) || bpf_xdp_load_bytes(ctx, off, &h, sizeof(h)))

@@ -610,6 +610,7 @@ struct constants_args {
 	u32 ev_r_busy, ev_r_malformed, ev_r_token, ev_r_limit, ev_r_unknown, ev_r_offset;
 	u32 ev_poll_magic, ev_reply_magic, ev_k_accepted, ev_k_refused, ev_k_text, ev_k_final;
 	u32 ev_text_reply_max, ev_poll_min, ev_r_utf8, ev_text_magic, ev_text_in_max, ev_tf_chat;
+	u32 ev_r_source, ev_reasons;
 	u32 gen_stops_max, gen_text_max, gen_more, gen_stop, gen_max, gen_full;
 	u32 sw_group, sw_scale_shift, sw_kmax;
 	u32 kv8_qmax, kv8_hd_max;
@@ -667,6 +668,8 @@ int constants(struct constants_args *a)
 	a->ev_text_magic = EV_TEXT_MAGIC;
 	a->ev_text_in_max = EV_TEXT_IN_MAX;
 	a->ev_tf_chat = EV_TF_CHAT;
+	a->ev_r_source = EV_R_SOURCE;
+	a->ev_reasons = EV_REASONS;
 	a->gen_stops_max = GEN_STOPS_MAX;
 	a->gen_text_max = GEN_TEXT_MAX;
 	a->gen_more = GEN_MORE;

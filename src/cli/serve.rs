@@ -4,7 +4,8 @@
 //! qwen-bpf serve install --model DIR --name NAME --port P \
 //!     [--iface IF] [--source ADDR]... [--slots N] [--backend q24|int4|int8] [--kv q16|int8] \
 //!     [--max-context N] [--max-new N] [--timeout SECS] [--xdp-mode auto|generic|native] \
-//!     [--text-bytes N] [--no-stop] [--cache-dir DIR]
+//!     [--text-bytes N] [--no-stop] [--cache-dir DIR] [--per-source-slots N] \
+//!     [--rate PER_SECOND] [--burst N] [--no-rate-limit]
 //! qwen-bpf serve status [NAME]
 //! qwen-bpf serve remove NAME
 //! ```
@@ -22,7 +23,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::{
-    Backend, InstallConfig, Installed, KvFormat, Model, ModelOptions, Result, Tokenizer, XdpMode,
+    Backend, InstallConfig, Installed, KvFormat, Model, ModelOptions, RateLimit, Result, Tokenizer,
+    XdpMode,
 };
 use clap::{Parser, Subcommand};
 
@@ -101,6 +103,19 @@ struct InstallArgs {
     /// Where the converted-weight cache goes (default: the model directory).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// The most slots one source address holds at once (default: 1 when several sources are
+    /// served, every slot when one is).
+    #[arg(long)]
+    per_source_slots: Option<u32>,
+    /// Requests a second each source may send, on average; requests over it are dropped.
+    #[arg(long, default_value_t = RateLimit::default().per_second)]
+    rate: f64,
+    /// Requests a source may send at once, past its rate.
+    #[arg(long, default_value_t = RateLimit::default().burst)]
+    burst: u32,
+    /// No request rate limit per source.
+    #[arg(long, conflicts_with_all = ["rate", "burst"])]
+    no_rate_limit: bool,
 }
 
 /// Runs `serve`.
@@ -156,6 +171,24 @@ fn run(args: Args) -> Result<()> {
 }
 
 fn install(a: InstallArgs) -> Result<()> {
+    // the limits checked before the model loads (Model::install checks them again)
+    let rate = (!a.no_rate_limit).then_some(RateLimit {
+        per_second: a.rate,
+        burst: a.burst,
+    });
+    if let Some(r) = rate {
+        r.to_kernel()?;
+    }
+    if let Some(n) = a
+        .per_source_slots
+        .filter(|&n| n == 0 || n as usize > a.slots)
+    {
+        return Err(crate::Error::InvalidParameter {
+            name: "per-source-slots",
+            value: n as f64,
+            expected: "1 to --slots",
+        });
+    }
     let tok = Tokenizer::from_model_dir(&a.model)?;
     let options = ModelOptions {
         backend: a.backend,
@@ -187,6 +220,8 @@ fn install(a: InstallArgs) -> Result<()> {
         })?,
         xdp_mode: a.xdp_mode,
         text_bytes: a.text_bytes,
+        per_source_slots: a.per_source_slots,
+        rate,
         ..InstallConfig::on_interface(&a.iface, a.port, sources)
     };
     let installed = model.install(&a.name, &cfg)?;

@@ -4,6 +4,8 @@
 
 use std::os::fd::AsFd;
 
+use libbpf_rs::MapCore;
+
 use super::arena::Region;
 use super::ops::{skel::types::run_plan_args, EventCfg, GenArgs, Ops};
 use super::plan::{self, Args, Entry, Patch};
@@ -205,7 +207,7 @@ impl Ops {
         bss.ev_refused_busy = 0;
         bss.ev_refused_invalid = 0;
         bss.ev_done = 0;
-        bss.ev_refusals = [0; 8];
+        bss.ev_refusals = Default::default();
         bss.ev_polls = 0;
         bss.ev_repeats = 0;
         bss.ev_tokens = 0;
@@ -213,6 +215,12 @@ impl Ops {
         bss.ev_reply_failed = 0;
         bss.ev_unanswered = 0;
         bss.ev_bad_cookie = 0;
+        bss.ev_rate_limited = 0;
+        // the rate limiter starts afresh: no source is owed anything from an earlier setup
+        let sources: Vec<Vec<u8>> = self.skel.maps.ev_rate.keys().collect();
+        for k in sources {
+            let _ = self.skel.maps.ev_rate.delete(&k); // gone already: nothing to forget
+        }
         if init {
             self.require("ev_setup")?;
             let mut none = 0u64;

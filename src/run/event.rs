@@ -30,6 +30,8 @@ pub const R_OFFSET: u32 = 6;
 
 /// Refusal reason: a text request whose text is not UTF-8 (`EV_R_UTF8`).
 pub const R_UTF8: u32 = 7;
+/// Refusal reason: the request's source address holds its share of the slots (`EV_R_SOURCE`).
+pub const R_SOURCE: u32 = 8;
 
 /// Request slots a model can have (`EV_SLOTS_MAX`): one per `run_plan` lane.
 pub const SLOTS_MAX: usize = crate::kernel::plan::THREADS_MAX;
@@ -45,7 +47,7 @@ pub(crate) const FLAG_RING: u32 = 1;
 pub(crate) const FLAG_REPLY: u32 = 2;
 
 /// What a server serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct EventConfig {
     /// The UDP destination port.
     pub port: u16,
@@ -57,12 +59,64 @@ pub struct EventConfig {
     pub max_new: u32,
     /// Tokens that end a generation (at most 8).
     pub stop_tokens: Vec<u32>,
+    /// The most slots one source address holds at once (1 to the model's slots); `None`: 1
+    /// when several sources are served, every slot when one is. A request past it is refused
+    /// ([`Refusal::SourceBusy`]), so that one source cannot keep the others out.
+    pub per_source_slots: Option<u32>,
+    /// Each source's request rate (polls are not counted); requests over it are dropped
+    /// unanswered and counted. `None`: no limit.
+    pub rate: Option<RateLimit>,
+}
+
+/// A request rate per source address: a token bucket of `burst` requests refilled at
+/// `per_second` (kept in the kernel as GCRA, one word per source in an LRU map).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    /// Requests a second, on average: 0.001 to 1,000,000.
+    pub per_second: f64,
+    /// Requests a source may send at once: 1 to 1,000,000.
+    pub burst: u32,
+}
+
+impl Default for RateLimit {
+    /// 20 requests a second, in bursts of up to 40: a generation takes far longer than 50 ms,
+    /// so a client that waits for its answers never meets it.
+    fn default() -> RateLimit {
+        RateLimit {
+            per_second: 20.0,
+            burst: 40,
+        }
+    }
+}
+
+impl RateLimit {
+    /// The kernel's form: one request per `rate_ns`, a bucket of `tau_ns` more. Refuses a rate
+    /// or burst outside their ranges.
+    pub(crate) fn to_kernel(self) -> Result<(u64, u64)> {
+        if !(0.001..=1e6).contains(&self.per_second) {
+            return Err(Error::InvalidParameter {
+                name: "rate",
+                value: self.per_second,
+                expected: "0.001 to 1000000 requests a second",
+            });
+        }
+        if !(1..=1_000_000).contains(&self.burst) {
+            return Err(Error::InvalidParameter {
+                name: "burst",
+                value: self.burst as f64,
+                expected: "1 to 1000000 requests",
+            });
+        }
+        let rate_ns = (1e9 / self.per_second).round() as u64;
+        Ok((rate_ns, rate_ns * u64::from(self.burst - 1)))
+    }
 }
 
 impl EventConfig {
     /// Requests from 127.0.0.1 to `port` on the loopback interface, up to 256 new tokens each,
     /// with no stop tokens: each generation runs to its `max_new` or the end of the context
-    /// unless [`EventConfig::stop_tokens`] is set (e.g. to [`crate::Tokenizer::eos_ids`]).
+    /// unless [`EventConfig::stop_tokens`] is set (e.g. to [`crate::Tokenizer::eos_ids`]). No
+    /// rate limit.
     pub fn loopback(port: u16) -> Result<EventConfig> {
         Ok(EventConfig {
             port,
@@ -70,12 +124,14 @@ impl EventConfig {
             sources: vec![Ipv4Addr::LOCALHOST],
             max_new: 256,
             stop_tokens: Vec::new(),
+            per_source_slots: None,
+            rate: None,
         })
     }
 
     /// Requests from `sources` to `port` on the network interface called `interface` (e.g.
-    /// `eth0`), up to 256 new tokens each, with no stop tokens. An interface that does not
-    /// exist is [`Error::Invalid`].
+    /// `eth0`), up to 256 new tokens each, with no stop tokens and no rate limit. An interface
+    /// that does not exist is [`Error::Invalid`].
     pub fn on_interface(interface: &str, port: u16, sources: Vec<Ipv4Addr>) -> Result<EventConfig> {
         Ok(EventConfig {
             port,
@@ -83,6 +139,8 @@ impl EventConfig {
             sources,
             max_new: 256,
             stop_tokens: Vec::new(),
+            per_source_slots: None,
+            rate: None,
         })
     }
 }
@@ -194,11 +252,14 @@ pub enum Refusal {
     BadOffset,
     /// A text request whose text is not UTF-8.
     BadUtf8,
+    /// The request's source address holds its share of the slots
+    /// ([`EventConfig::per_source_slots`]).
+    SourceBusy,
 }
 
 impl Refusal {
     /// Every reason, in the order of their codes.
-    pub const ALL: [Refusal; 7] = [
+    pub const ALL: [Refusal; 8] = [
         Refusal::Busy,
         Refusal::Malformed,
         Refusal::TokenOutOfRange,
@@ -206,9 +267,10 @@ impl Refusal {
         Refusal::UnknownRequest,
         Refusal::BadOffset,
         Refusal::BadUtf8,
+        Refusal::SourceBusy,
     ];
 
-    /// The reason's code on the wire and in the kernel (`EV_R_*`): 1 to 7.
+    /// The reason's code on the wire and in the kernel (`EV_R_*`): 1 to 8.
     pub fn code(self) -> u32 {
         match self {
             Refusal::Busy => R_BUSY,
@@ -218,6 +280,7 @@ impl Refusal {
             Refusal::UnknownRequest => R_UNKNOWN,
             Refusal::BadOffset => R_OFFSET,
             Refusal::BadUtf8 => R_UTF8,
+            Refusal::SourceBusy => R_SOURCE,
         }
     }
 
@@ -226,7 +289,8 @@ impl Refusal {
         Refusal::ALL.into_iter().find(|r| r.code() == code)
     }
 
-    /// A short name: `busy`, `malformed`, `bad-token`, `limit`, `unknown-request`, `bad-offset`, `bad-utf8`.
+    /// A short name: `busy`, `malformed`, `bad-token`, `limit`, `unknown-request`, `bad-offset`,
+    /// `bad-utf8`, `source-busy`.
     pub fn name(self) -> &'static str {
         match self {
             Refusal::Busy => "busy",
@@ -236,6 +300,7 @@ impl Refusal {
             Refusal::UnknownRequest => "unknown-request",
             Refusal::BadOffset => "bad-offset",
             Refusal::BadUtf8 => "bad-utf8",
+            Refusal::SourceBusy => "source-busy",
         }
     }
 }
@@ -428,6 +493,23 @@ impl Model {
                 expected: "at least 1",
             });
         }
+        let slots = self.events.len() as u32;
+        let per_source = match cfg.per_source_slots {
+            Some(n) if n == 0 || n > slots => {
+                return Err(Error::InvalidParameter {
+                    name: "per_source_slots",
+                    value: n as f64,
+                    expected: "1 to the model's event slots",
+                })
+            }
+            Some(n) => n,
+            None if cfg.sources.len() > 1 => 1,
+            None => slots,
+        };
+        let (rate_ns, rate_tau_ns) = match cfg.rate {
+            Some(r) => r.to_kernel()?,
+            None => (0, 0),
+        };
         let templates = self.slot_templates(stops, cfg.stop_tokens.len() as u32, text)?;
         let mut sources = [0u32; SOURCES_MAX];
         for (s, a) in sources.iter_mut().zip(&cfg.sources) {
@@ -454,7 +536,10 @@ impl Model {
             vocab: self.cfg.vocab_size as u32,
             max_new: cfg.max_new,
             max_prompt: PROMPT_MAX.min(self.max_context) as u32,
-            n_slots: self.events.len() as u32,
+            n_slots: slots,
+            per_source,
+            rate_ns,
+            rate_tau_ns,
             flags,
             tok_text,
             secret: cookie_secret()?,

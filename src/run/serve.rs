@@ -15,7 +15,7 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use super::event::{ifindex, EventConfig, Refusal, FLAG_REPLY, SOURCES_MAX};
+use super::event::{ifindex, EventConfig, RateLimit, Refusal, FLAG_REPLY, SOURCES_MAX};
 use crate::kernel::pins::{self, PinnedEvents, XdpMode, BPFFS};
 use crate::model::REPLY_TEXT_BYTES;
 use crate::{Error, Model, Result};
@@ -26,7 +26,7 @@ pub const PIN_ROOT: &str = "qwen_bpf";
 pub const TEXT_BYTES_MAX: usize = REPLY_TEXT_BYTES;
 
 /// What an installed model serves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct InstallConfig {
     /// The network interface the XDP program is attached to (`lo`, `eth0`, …).
     pub interface: String,
@@ -47,17 +47,24 @@ pub struct InstallConfig {
     /// The most text bytes a request generates (at most 16 KiB, the slot's buffer); a generation
     /// whose next token's text would not fit ends with [`crate::run::wire::Finish::Length`].
     pub text_bytes: usize,
+    /// The most slots one source address holds at once; `None`: 1 when several sources are
+    /// served, every slot when one is ([`EventConfig::per_source_slots`]).
+    pub per_source_slots: Option<u32>,
+    /// Each source's request rate; requests over it are dropped unanswered and counted
+    /// ([`InstallStatus::rate_limited`]). `None`: no limit.
+    pub rate: Option<RateLimit>,
 }
 
 impl InstallConfig {
     /// Requests from 127.0.0.1 to `port` on `lo` (where XDP runs in generic mode), up to 256 new
-    /// tokens each, no stop tokens, a 10 s poll timeout.
+    /// tokens each, no stop tokens, a 10 s poll timeout, the default rate limit.
     pub fn loopback(port: u16) -> InstallConfig {
         InstallConfig::on_interface("lo", port, vec![Ipv4Addr::LOCALHOST])
     }
 
     /// Requests from `sources` to `port` on `interface`, up to 256 new tokens each, no stop
-    /// tokens, a 10 s poll timeout, the attach mode the kernel picks.
+    /// tokens, a 10 s poll timeout, the attach mode the kernel picks, one slot per source when
+    /// several are served, and [`RateLimit::default`] (20 requests a second per source).
     pub fn on_interface(interface: &str, port: u16, sources: Vec<Ipv4Addr>) -> InstallConfig {
         InstallConfig {
             interface: interface.to_string(),
@@ -68,6 +75,8 @@ impl InstallConfig {
             timeout: Duration::from_secs(10),
             xdp_mode: XdpMode::Auto,
             text_bytes: TEXT_BYTES_MAX,
+            per_source_slots: None,
+            rate: Some(RateLimit::default()),
         }
     }
 }
@@ -158,6 +167,8 @@ impl Model {
             sources: cfg.sources.clone(),
             max_new: cfg.max_new,
             stop_tokens: cfg.stop_tokens.clone(),
+            per_source_slots: cfg.per_source_slots,
+            rate: cfg.rate,
         };
         let (mut ev, templates) =
             self.event_setup(&events, FLAG_REPLY, Some(cfg.text_bytes as u32))?;
@@ -200,7 +211,7 @@ pub struct Installed {
 }
 
 /// What an installed model reports ([`Installed::status`]), read from its pinned maps.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct InstallStatus {
     /// The installation's name.
     pub name: String,
@@ -242,6 +253,12 @@ pub struct InstallStatus {
     /// Polls dropped without a reply because their cookie was not their request's: a spoofed
     /// poll, or one for an earlier request of the same id.
     pub bad_cookie: u64,
+    /// Requests dropped without a reply because their source was over its rate.
+    pub rate_limited: u64,
+    /// The most slots one source holds at once.
+    pub per_source_slots: u32,
+    /// Each source's request rate, if limited.
+    pub rate: Option<RateLimit>,
     /// Kernel memory the model holds: the arena's size in bytes.
     pub kernel_memory: u64,
     /// The arena map's id (`bpftool map show id N`); it no longer exists once removed.
@@ -305,6 +322,15 @@ impl std::fmt::Display for InstallStatus {
             self.unanswered
         )?;
         writeln!(f, "polls with a wrong cookie (dropped): {}", self.bad_cookie)?;
+        let rate = match self.rate {
+            Some(r) => format!("{} requests/s, bursts of {}", r.per_second, r.burst),
+            None => "no limit".into(),
+        };
+        writeln!(
+            f,
+            "per source: {} slots at most; rate {rate}; requests over the rate (dropped): {}",
+            self.per_source_slots, self.rate_limited
+        )?;
         if self.reply_failures > 0 {
             writeln!(
                 f,
@@ -435,6 +461,12 @@ impl Installed {
             reply_failures: b.ev_reply_failed,
             unanswered: b.ev_unanswered,
             bad_cookie: b.ev_bad_cookie,
+            rate_limited: b.ev_rate_limited,
+            per_source_slots: cfg.per_source,
+            rate: (cfg.rate_ns > 0).then(|| RateLimit {
+                per_second: 1e9 / cfg.rate_ns as f64,
+                burst: (cfg.rate_tau_ns / cfg.rate_ns) as u32 + 1,
+            }),
             kernel_memory: s.arena_bytes,
             arena_map_id: s.arena_id,
             max_new: cfg.max_new,
