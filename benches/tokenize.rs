@@ -1,10 +1,12 @@
 //! Tokenizing speed: the in-kernel tokenizer (`src/bpf/tokenize.inc.c`, one `test_run` per
 //! string), its Rust twin and the `tokenizers` crate on the same corpus (tests/tok_corpus: 14,000
-//! strings, 4.8 MB), in MB of UTF-8 per second; the best of three passes each. Needs root for
-//! the kernel.
+//! strings, 4.8 MB), in MB of UTF-8 per second; the best of three passes each. Then the time of
+//! one kernel call on the worst inputs a served text request (4,096 bytes, in the chat template)
+//! can carry: the installed server's worker tokenizes in one workqueue invocation, which must stay
+//! well inside the generation's time budget (`in_kernel::BUDGET`). Needs root for the kernel.
 //!
 //! ```text
-//! cargo bench --bench tokenize [-- --tokenizer FILE]
+//! cargo bench --bench tokenize [-- --tokenizer FILE] [--worst-only]
 //! ```
 
 #[path = "../tests/tok_corpus/mod.rs"]
@@ -39,6 +41,9 @@ fn main() {
     let tok = Tokenizer::from_file(&path).expect("the tokenizer.json");
     let tables = TokTables::build(&tok).expect("the tokenizer's tables");
     let mut kernel = KernelTokenizer::from_tables(&tables).expect("the kernel tokenizer");
+    if args.iter().any(|a| a == "--worst-only") {
+        return worst_cases(&mut kernel);
+    }
     let corpus = tok_corpus::corpus();
     let bytes: usize = corpus.iter().map(String::len).sum();
     // by part: the 4 KiB words (BPE's worst case), the code-point walk, the rest
@@ -60,6 +65,7 @@ fn main() {
             tc.as_secs_f64()
         );
     }
+    worst_cases(&mut kernel);
     let rows = [
         (
             "kernel (BPF)",
@@ -85,6 +91,49 @@ fn main() {
             bytes as f64 / 1e6 / t.as_secs_f64(),
             ids,
             t.as_secs_f64()
+        );
+    }
+}
+
+/// The slowest inputs of a served text request (`wire::TEXT_IN_MAX` bytes): the combining marks'
+/// canonical reordering (an insertion sort: alternating classes 230 and 220 after one base, about
+/// two million shifts), BPE on one 4,096-letter word (repeated, and varied letters), and the
+/// longest run of digits and of spaces. Each is timed as the worst of five kernel calls.
+fn worst_cases(kernel: &mut KernelTokenizer) {
+    let n = qwen_bpf::wire::TEXT_IN_MAX;
+    let head = "<|im_start|>user\n";
+    let tail = "<|im_end|>\n<|im_start|>assistant\n";
+    let marks: String = std::iter::once('a')
+        .chain((0..).map(|i| if i % 2 == 0 { '\u{301}' } else { '\u{316}' }))
+        .take(1 + (n - 1) / 2)
+        .collect();
+    let varied: String = (0..n)
+        .map(|i| (b'a' + (i * 7 % 26) as u8) as char)
+        .collect();
+    let cases = [
+        ("combining marks, classes 230/220 alternating", marks),
+        ("one word of 4,096 'a'", "a".repeat(n)),
+        ("one word of 4,096 varied letters", varied),
+        ("4,096 digits", "7".repeat(n)),
+        ("4,096 spaces", " ".repeat(n)),
+    ];
+    let budget = qwen_bpf::run::in_kernel::BUDGET;
+    for (name, text) in cases {
+        let text = format!("{head}{text}{tail}");
+        let worst = (0..5)
+            .map(|_| {
+                let t0 = Instant::now();
+                kernel.encode(&text).expect("the worst case tokenizes");
+                t0.elapsed()
+            })
+            .max()
+            .unwrap();
+        println!(
+            "worst case: {name:<46} {:5} bytes: {:8.2} ms per kernel call ({:.1}% of the {} ms budget)",
+            text.len(),
+            worst.as_secs_f64() * 1e3,
+            100.0 * worst.as_secs_f64() / budget.as_secs_f64(),
+            budget.as_millis()
         );
     }
 }

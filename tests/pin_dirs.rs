@@ -1,7 +1,9 @@
 //! The directories pins go in cannot be turned against root: an installation directory is made
 //! 0700 in a pin root that is a real directory of root's, writable by no one else; a symbolic
-//! link, another user's directory or a world-writable one is refused with its reason; `remove`
-//! refuses a link and, when one pin cannot be removed, still removes the others.
+//! link, another user's directory or a world-writable one is refused with its reason, and an
+//! installation directory another user made first is never taken; `remove` refuses a link,
+//! another user's directory or one in a root others may write in, and, when one pin cannot be
+//! removed, still removes the others.
 //!
 //! Plain directories stand in for the BPF filesystem (the checks are the same on both), so this
 //! runs on any host; it needs root to give a directory to another user.
@@ -94,6 +96,20 @@ fn install_dirs_are_private_and_unsafe_ones_are_refused() {
         &open,
         "others may write",
     );
+    // the installation directory pre-made by another user: never taken as ours ("exists":
+    // AlreadyInstalled), and remove refuses it, leaving it and what it holds
+    let squatted = root.join("squatted");
+    std::fs::create_dir(&squatted).unwrap();
+    std::fs::write(squatted.join("ev_xdp"), b"theirs").unwrap();
+    std::os::unix::fs::chown(&squatted, Some(65534), Some(65534)).unwrap();
+    assert!(!create_install_dir(&root, &squatted).unwrap());
+    refused(remove(&squatted), &squatted, "owned by uid 65534");
+    assert!(squatted.join("ev_xdp").exists(), "remove touched nothing");
+    // a directory in a pin root others may write in: remove refuses the root
+    std::fs::create_dir(open.join("m")).unwrap();
+    std::fs::set_permissions(open.join("m"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    refused(remove(&open.join("m")), &open, "others may write");
+    assert!(open.join("m").is_dir(), "left in place");
     let file = base.join("file");
     std::fs::write(&file, b"").unwrap();
     refused(check_private_dir(&file), &file, "not a directory");

@@ -157,6 +157,7 @@ struct ev_slot {
 	u32 generation;         /* counts the requests the slot has taken (ev_launch) */
 	u32 delivered;          /* the generation whose FINAL record was sent */
 	u32 cancel;             /* give the slot back at the worker's next round */
+	u32 tok_wait;           /* waits for the tokenizer: started again by the worker done with it */
 	u64 last_ns;            /* the request or its last poll (bpf_ktime_get_ns) */
 	/* a text request (EV_TEXT_MAGIC): tokenized by the worker before it generates */
 	u32 is_text;
@@ -302,6 +303,21 @@ static __noinline int ev_tokenize(struct ev_slot *s)
 	return tokenize(ev_cfg.tok_text, n, s->args.prompt, ev_cfg.max_prompt);
 }
 
+/* Starts the worker of every slot waiting for the tokenizer (tok_wait), which is free again. */
+static __noinline void ev_tok_wake(void)
+{
+	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
+		u32 k = i;
+		struct ev_slot *c;
+
+		if (i >= ev_cfg.n_slots)
+			break;
+		c = bpf_map_lookup_elem(&ev_slots, &k);
+		if (c && *(volatile u32 *)&c->tok_wait && __sync_lock_test_and_set(&c->tok_wait, 0))
+			bpf_wq_start(&c->wq, 0);
+	}
+}
+
 /* The workqueue callback: one round of the slot's generation. */
 static int ev_work(void *map, int *key, void *value)
 {
@@ -311,13 +327,18 @@ static int ev_work(void *map, int *key, void *value)
 
 	USE_ARENA(arena);
 	if (!s->started && s->is_text) {
-		/* one text at a time in the tokenizer's buffers: later, if another slot has them */
-		if (__sync_val_compare_and_swap(&ev_tok_busy, 0, 1) != 0) {
-			bpf_wq_start(&s->wq, 0);
+		/* one text at a time in the tokenizer's buffers. A worker finding them taken does not
+		 * queue itself again (a spin): it marks itself waiting, and the worker done with them
+		 * starts it again (ev_tok_wake). The mark goes first (exchanges: full barriers), so
+		 * either this worker takes the buffers or their holder, releasing them after this
+		 * failed, sees the mark. */
+		__sync_lock_test_and_set(&s->tok_wait, 1);
+		if (__sync_val_compare_and_swap(&ev_tok_busy, 0, 1) != 0)
 			return 0;
-		}
+		__sync_lock_test_and_set(&s->tok_wait, 0);
 		r = ev_tokenize(s);
 		__sync_lock_test_and_set(&ev_tok_busy, 0);
+		ev_tok_wake();
 		s->tok_result = r;
 		if (r <= 0) {
 			ev_end(s, GEN_PROMPT);

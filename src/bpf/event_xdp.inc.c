@@ -458,6 +458,7 @@ static __noinline int ev_launch(struct xdp_md *ctx, const u8 *hdr)
 	s->finish = 0;
 	s->generation++; /* a late poll's delivery mark of the request before is not this one's */
 	s->cancel = 0;
+	s->tok_wait = 0;
 	s->last_ns = bpf_ktime_get_ns();
 	/* the fields before the state (an exchange: a full barrier): polls match on them */
 	__sync_lock_test_and_set(&s->state, EV_BUSY);

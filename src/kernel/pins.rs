@@ -441,12 +441,78 @@ impl PinnedEvents {
     }
 }
 
+/// Opens directory `dir` without following a symbolic link at it (`O_NOFOLLOW`), and checks the
+/// directory opened (fstat, as [`check_private_dir`] checks a path): every later step works on
+/// this descriptor (`*at` calls), so the path cannot be swapped in between.
+fn open_private_dir(dir: &Path) -> Result<OwnedFd> {
+    let refuse = |reason: String| Error::UnsafePinDir {
+        path: dir.into(),
+        reason,
+    };
+    check_private_dir(dir)?; // the reasons, by path; then the same on what was opened
+    let c = c_path(dir)?;
+    // SAFETY: a NUL-terminated path; the flags open a directory for *at calls only.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(match e.raw_os_error() {
+            // swapped since the check
+            Some(libc::ELOOP | libc::ENOTDIR) => {
+                refuse("it is a symbolic link or not a directory".into())
+            }
+            _ => Error::io(dir, e),
+        });
+    }
+    // SAFETY: a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: a zeroed stat for fstat to fill, and a live descriptor.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(Error::io(dir, std::io::Error::last_os_error()));
+    }
+    // SAFETY: geteuid has no preconditions.
+    let me = unsafe { libc::geteuid() };
+    if st.st_uid != me {
+        return Err(refuse(format!("it is owned by uid {}, not {me}", st.st_uid)));
+    }
+    if st.st_mode & 0o022 != 0 {
+        return Err(refuse(format!(
+            "others may write in it (mode {:o})",
+            st.st_mode & 0o7777
+        )));
+    }
+    Ok(fd)
+}
+
+/// `unlinkat(dirfd, name, flags)`.
+fn unlink_at(dirfd: &OwnedFd, name: &std::ffi::OsStr, flags: i32) -> std::io::Result<()> {
+    let c = CString::new(name.as_bytes()).map_err(|_| std::io::ErrorKind::InvalidInput)?;
+    // SAFETY: a live directory descriptor and a NUL-terminated name.
+    if unsafe { libc::unlinkat(dirfd.as_raw_fd(), c.as_ptr(), flags) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Detaches the XDP link pinned under `dir` and removes every pin and the directory. What the
 /// pins held is freed by the kernel once nothing else refers to it. Missing pins are skipped; a
 /// pin that cannot be removed does not stop the others: the first such error is returned after
-/// every pin was tried. `dir` must pass [`check_private_dir`].
+/// every pin was tried. `dir` and its parent must be private directories (see
+/// [`check_private_dir`]); both are opened once, without following a symbolic link, and every
+/// pin is removed through them (`unlinkat`), so nothing outside `dir` can be reached by swapping
+/// a path while it runs.
 pub fn remove(dir: &Path) -> Result<()> {
-    check_private_dir(dir)?;
+    let (parent, leaf) = match (dir.parent(), dir.file_name()) {
+        (Some(p), Some(l)) => (p, l),
+        _ => return Err(Error::Invalid(format!("{}: not a pin directory", dir.display()))),
+    };
+    let pfd = open_private_dir(parent)?;
+    let dfd = open_private_dir(dir)?;
     let link = dir.join(LINK_PIN);
     if link.exists() {
         let fd = get_pinned(&link)?;
@@ -466,7 +532,7 @@ pub fn remove(dir: &Path) -> Result<()> {
     let names = PIN_SETS.iter().flat_map(|s| s.progs.iter().chain(s.maps));
     let mut first = None;
     for &name in [LINK_PIN].iter().chain(names) {
-        match std::fs::remove_file(dir.join(name)) {
+        match unlink_at(&dfd, name.as_ref(), 0) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 log::warn!("removing {}: {e}", dir.join(name).display());
                 first.get_or_insert(Error::io(dir.join(name), e));
@@ -474,7 +540,8 @@ pub fn remove(dir: &Path) -> Result<()> {
             _ => {}
         }
     }
-    if let Err(e) = std::fs::remove_dir(dir) {
+    drop(dfd);
+    if let Err(e) = unlink_at(&pfd, leaf, libc::AT_REMOVEDIR) {
         first.get_or_insert(Error::io(dir, e));
     }
     first.map_or(Ok(()), Err)
