@@ -139,8 +139,16 @@ fn check_reply(asked: &[u8], reply: &[u8]) {
     assert_eq!(wire::word(&reply[HDR..], 0), wire::REPLY, "the reply magic");
 }
 
+/// One installation on `lo` at a time: an interface takes one XDP program.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themselves() {
+    let _serial = serial();
     let dir = common::tiny_model_with_tokenizer("netsafe");
     let (name, port) = ("test-net-safety", 47_331u16);
     let _cleanup = Installation::new(name);
@@ -355,6 +363,7 @@ fn ask(prog: &OwnedFd, src: Ipv4Addr, sport: u16, port: u16, payload: &[u8]) -> 
 
 #[test]
 fn a_source_flooding_holds_one_slot_meets_its_rate_and_leaves_the_others_served() {
+    let _serial = serial();
     let dir = common::tiny_model_with_tokenizer("netsafe-flood");
     let (name, port) = ("test-net-flood", 47_341u16);
     let _cleanup = Installation::new(name);

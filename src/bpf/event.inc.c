@@ -303,16 +303,20 @@ static __noinline int ev_tokenize(struct ev_slot *s)
 	return tokenize(ev_cfg.tok_text, n, s->args.prompt, ev_cfg.max_prompt);
 }
 
+/* Slot i, or NULL past the configured slots: every walk over the slots starts here. */
+static __always_inline struct ev_slot *ev_slot_at(u32 i)
+{
+	u32 k = i;
+
+	return i < ev_cfg.n_slots ? bpf_map_lookup_elem(&ev_slots, &k) : 0;
+}
+
 /* Starts the worker of every slot waiting for the tokenizer (tok_wait), which is free again. */
 static __noinline void ev_tok_wake(void)
 {
 	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
-		u32 k = i;
-		struct ev_slot *c;
+		struct ev_slot *c = ev_slot_at(i);
 
-		if (i >= ev_cfg.n_slots)
-			break;
-		c = bpf_map_lookup_elem(&ev_slots, &k);
 		if (c && *(volatile u32 *)&c->tok_wait && __sync_lock_test_and_set(&c->tok_wait, 0))
 			bpf_wq_start(&c->wq, 0);
 	}

@@ -175,12 +175,9 @@ static __always_inline int ev_refuse_as(struct xdp_md *ctx, const u8 *hdr, u32 r
 static __always_inline u32 ev_find(u32 request, u32 addr, u32 port)
 {
 	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
-		u32 k = i, st;
-		struct ev_slot *c;
+		struct ev_slot *c = ev_slot_at(i);
+		u32 st;
 
-		if (i >= ev_cfg.n_slots)
-			break;
-		c = bpf_map_lookup_elem(&ev_slots, &k);
 		if (!c)
 			break;
 		st = *(volatile u32 *)&c->state;
@@ -297,25 +294,18 @@ static __always_inline u32 ev_claim(void)
 	u64 now = bpf_ktime_get_ns();
 
 	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
-		u32 k = i;
-		struct ev_slot *c;
+		struct ev_slot *c = ev_slot_at(i);
 
-		if (i >= ev_cfg.n_slots)
-			break;
-		c = bpf_map_lookup_elem(&ev_slots, &k);
 		if (c && __sync_val_compare_and_swap(&c->state, EV_FREE, EV_CLAIMED) == EV_FREE)
 			return i;
 	}
 	if (!(ev_cfg.flags & EV_F_REPLY))
 		return EV_SLOTS_MAX;
 	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
-		u32 k = i, st;
-		struct ev_slot *c;
+		struct ev_slot *c = ev_slot_at(i);
 		int stale, delivered;
+		u32 st;
 
-		if (i >= ev_cfg.n_slots)
-			break;
-		c = bpf_map_lookup_elem(&ev_slots, &k);
 		if (!c)
 			break;
 		stale = now - *(volatile u64 *)&c->last_ns > ev_cfg.timeout_ns;
@@ -371,12 +361,9 @@ static __always_inline u32 ev_held(u32 src)
 	u32 held = 0;
 
 	for (u32 i = 0; i < EV_SLOTS_MAX; i++) {
-		u32 k = i, st;
-		struct ev_slot *c;
+		struct ev_slot *c = ev_slot_at(i);
+		u32 st;
 
-		if (i >= ev_cfg.n_slots)
-			break;
-		c = bpf_map_lookup_elem(&ev_slots, &k);
 		if (!c)
 			break;
 		if (*(volatile u32 *)&c->client_addr != src)
