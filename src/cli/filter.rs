@@ -187,6 +187,20 @@ fn print_status(f: &InstalledFilter) -> Result<()> {
         s.bare,
         s.log_lost
     );
+    if s.protocol == crate::filter::Protocol::Tcp {
+        let t = &s.tcp;
+        println!(
+            "  tcp: {} untracked, {} out of order, {} bad checksum, {} changed retransmissions; \
+             flows refused for their source {} (at most {} slots each), slots taken back {}",
+            t.untracked,
+            t.out_of_order,
+            t.bad_checksum,
+            t.mismatch,
+            t.source_busy,
+            s.per_source,
+            t.reclaimed
+        );
+    }
     println!(
         "  verdicts live {} s; kernel memory {} MiB (arena map id {})",
         s.ttl.as_secs(),

@@ -80,6 +80,12 @@ impl Ops {
         bss.flt_judged = 0;
         bss.flt_errors = 0;
         bss.flt_log_lost = 0;
+        bss.flt_untracked = 0;
+        bss.flt_out_of_order = 0;
+        bss.flt_bad_checksum = 0;
+        bss.flt_source_busy = 0;
+        bss.flt_mismatch = 0;
+        bss.flt_reclaimed = 0;
         bss.flt_label_flows = [0; LABELS_MAX];
         bss.flt_label_packets = [0; LABELS_MAX];
         if init {
@@ -185,11 +191,11 @@ pub struct FilterState {
 impl PinnedFilter {
     /// Opens the pins under `dir`; [`Error::LostPin`] names the first that is missing.
     pub fn open(dir: &Path) -> Result<PinnedFilter> {
-        // FILTER_PINS.maps: arena, bss, flt_slots, flt_flows, flt_log
-        let [arena, bss, slots, flows, log]: [MapHandle; 5] =
+        // FILTER_PINS.maps: arena, bss, flt_slots, flt_flows, flt_syns, flt_log
+        let [arena, bss, slots, flows, _syns, log]: [MapHandle; 6] =
             pins::open_set(&pins::FILTER_PINS, dir)?
                 .try_into()
-                .expect("FILTER_PINS has five maps");
+                .expect("FILTER_PINS has six maps");
         Ok(PinnedFilter {
             dir: dir.to_path_buf(),
             bss,

@@ -385,6 +385,7 @@ fn open_and_load(
             &mut open.progs.ev_xdp,
             &mut open.progs.flt_setup,
             &mut open.progs.flt_xdp,
+            &mut open.progs.flt_egress,
             &mut open.progs.filter_classify,
         ] {
             p.set_autoload(false);

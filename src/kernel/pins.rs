@@ -38,6 +38,9 @@ pub struct PinSet {
     pub progs: &'static [&'static str],
     /// The maps.
     pub maps: &'static [&'static str],
+    /// A tc program (one of `progs`) attached to the egress of the same interface (tcx), its
+    /// link pinned as [`EGRESS_LINK_PIN`].
+    pub egress: Option<&'static str>,
 }
 
 /// A model installed in the kernel (`src/bpf/event.inc.c`, `event_xdp.inc.c`).
@@ -45,13 +48,15 @@ pub const EVENT_PINS: PinSet = PinSet {
     what: "the event path",
     progs: &["ev_xdp", "ev_setup"],
     maps: &["arena", "bss", "ev_slots", "tokens"],
+    egress: None,
 };
 
 /// A packet filter (`src/bpf/filter.inc.c`).
 pub const FILTER_PINS: PinSet = PinSet {
     what: "the filter",
-    progs: &["flt_xdp", "flt_setup"],
-    maps: &["arena", "bss", "flt_slots", "flt_flows", "flt_log"],
+    progs: &["flt_xdp", "flt_setup", "flt_egress"],
+    maps: &["arena", "bss", "flt_slots", "flt_flows", "flt_syns", "flt_log"],
+    egress: Some("flt_egress"),
 };
 
 /// Every kind of installation.
@@ -59,6 +64,9 @@ pub const PIN_SETS: [&PinSet; 2] = [&EVENT_PINS, &FILTER_PINS];
 
 /// The XDP link's pin.
 pub const LINK_PIN: &str = "link";
+
+/// The egress (tcx) link's pin, for an installation that has one ([`PinSet::egress`]).
+pub const EGRESS_LINK_PIN: &str = "egress_link";
 
 /// How the XDP program is attached (the `XDP_FLAGS_*_MODE` of the link).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -247,17 +255,26 @@ impl Ops {
                 fd_of("map", n, fd)
             })
             .collect::<Result<Vec<_>>>()?;
-        pin_attached(set.what, progs[0].1, ifindex, mode, dir, &maps, &progs)
+        let egress = set
+            .egress
+            .map(|e| progs.iter().find(|p| p.0 == e).map(|p| p.1))
+            .map(|fd| fd_of("program", set.egress.unwrap_or_default(), fd))
+            .transpose()?
+            .map(|(_, fd)| fd);
+        pin_attached(set.what, progs[0].1, egress, ifindex, mode, dir, &maps, &progs)
     }
 }
 
-/// Attaches XDP program `xdp` (of `what`, for errors) to `ifindex` in `mode` and pins it, the
-/// `maps` and `progs` (file name, fd) and the link ([`LINK_PIN`]) under `dir`, which must exist
-/// and be empty: from then on it runs without this process. On failure it removes what it
-/// pinned (the program is detached when the link's fd closes).
+/// Attaches XDP program `xdp` (of `what`, for errors) to `ifindex` in `mode`, and tc program
+/// `egress` to its egress when given, and pins them, the `maps` and `progs` (file name, fd) and
+/// the links ([`LINK_PIN`], [`EGRESS_LINK_PIN`]) under `dir`, which must exist and be empty:
+/// from then on it runs without this process. On failure it removes what it pinned (the
+/// programs are detached when the links' fds close).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn pin_attached(
     what: &str,
     xdp: i32,
+    egress: Option<i32>,
     ifindex: u32,
     mode: XdpMode,
     dir: &Path,
@@ -286,11 +303,16 @@ pub(crate) fn pin_attached(
     }
     // SAFETY: a new link fd we own; closing it detaches the program unless pinned.
     let link = unsafe { OwnedFd::from_raw_fd(fd) };
+    let egress_link = match egress {
+        Some(prog) => Some(attach_egress(what, prog, ifindex)?),
+        None => None,
+    };
     let all: Vec<(&str, i32)> = maps
         .iter()
         .chain(progs)
         .copied()
         .chain([(LINK_PIN, link.as_raw_fd())])
+        .chain(egress_link.as_ref().map(|l| (EGRESS_LINK_PIN, l.as_raw_fd())))
         .collect();
     for &(name, fd) in &all {
         if let Err(e) = pin_fd(fd, &dir.join(name)) {
@@ -301,6 +323,24 @@ pub(crate) fn pin_attached(
         }
     }
     Ok(())
+}
+
+/// Attaches tc program `prog` to the egress of `ifindex` (tcx, Linux >= 6.6): its link.
+fn attach_egress(what: &str, prog: i32, ifindex: u32) -> Result<OwnedFd> {
+    let mut opts: libbpf_sys::bpf_link_create_opts = Default::default();
+    opts.sz = std::mem::size_of::<libbpf_sys::bpf_link_create_opts>() as _;
+    // SAFETY: a loaded tc program's fd and a sized, zero-initialised opts.
+    let fd = unsafe {
+        libbpf_sys::bpf_link_create(prog, ifindex as i32, libbpf_sys::BPF_TCX_EGRESS, &opts)
+    };
+    if fd < 0 {
+        return Err(Error::Bpf {
+            what: format!("attaching {what}'s tc program to the egress of interface {ifindex}"),
+            detail: format!("{} (tcx links need Linux >= 6.6)", std::io::Error::last_os_error()),
+        });
+    }
+    // SAFETY: a new link fd we own; closing it detaches the program unless pinned.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Opens the map pinned at `p`; [`Error::LostPin`] when it is missing.
@@ -351,7 +391,7 @@ pub(crate) fn read_bss(map: &MapHandle, dir: &Path) -> Result<Box<bss>> {
 /// programs and link are pinned too and that its `.bss` is this build's; [`Error::LostPin`]
 /// names the first pin that is missing.
 pub(crate) fn open_set(set: &PinSet, dir: &Path) -> Result<Vec<MapHandle>> {
-    for name in set.progs.iter().chain([&LINK_PIN]) {
+    for name in set.progs.iter().chain([&LINK_PIN]).chain(set.egress.map(|_| &EGRESS_LINK_PIN)) {
         if !dir.join(name).exists() {
             return Err(Error::LostPin {
                 path: dir.join(name),
@@ -513,8 +553,11 @@ pub fn remove(dir: &Path) -> Result<()> {
     };
     let pfd = open_private_dir(parent)?;
     let dfd = open_private_dir(dir)?;
-    let link = dir.join(LINK_PIN);
-    if link.exists() {
+    for name in [LINK_PIN, EGRESS_LINK_PIN] {
+        let link = dir.join(name);
+        if !link.exists() {
+            continue;
+        }
         let fd = get_pinned(&link)?;
         // SAFETY: a link fd we own.
         if unsafe { libbpf_sys::bpf_link_detach(fd.as_raw_fd()) } != 0 {
@@ -522,7 +565,7 @@ pub fn remove(dir: &Path) -> Result<()> {
             // ENOLINK: already detached (its interface went away)
             if e.raw_os_error() != Some(libc::ENOLINK) {
                 return Err(Error::Bpf {
-                    what: format!("detaching the XDP link {}", link.display()),
+                    what: format!("detaching the link {}", link.display()),
                     detail: e.to_string(),
                 });
             }
@@ -531,7 +574,7 @@ pub fn remove(dir: &Path) -> Result<()> {
     // every pin of every kind of installation
     let names = PIN_SETS.iter().flat_map(|s| s.progs.iter().chain(s.maps));
     let mut first = None;
-    for &name in [LINK_PIN].iter().chain(names) {
+    for &name in [LINK_PIN, EGRESS_LINK_PIN].iter().chain(names) {
         match unlink_at(&dfd, name.as_ref(), 0) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 log::warn!("removing {}: {e}", dir.join(name).display());

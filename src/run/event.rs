@@ -207,7 +207,7 @@ pub fn ipv4_addresses(ifindex: u32) -> Result<Vec<Ipv4Addr>> {
 /// A new key for the server cookies of one installation (`ev_config.secret`), from the kernel's
 /// cryptographic generator (getrandom(2)); `bpf_get_prandom_u32`, which the BPF side could call
 /// itself, is not meant to be unguessable.
-fn cookie_secret() -> Result<[u64; 2]> {
+pub(crate) fn cookie_secret() -> Result<[u64; 2]> {
     let mut key = [0u8; 16];
     // SAFETY: a writable buffer of that length; no flags (blocks only before the pool is ready).
     let n = unsafe { libc::getrandom(key.as_mut_ptr().cast(), key.len(), 0) };

@@ -161,6 +161,8 @@ impl Model {
             tok_text: self.ops.point_tokenizer(&tok)?,
             max_text_tokens: rule.text_tokens_max() as u32,
             vocab: self.cfg.vocab_size as u32,
+            per_source: r.per_source.unwrap_or(1),
+            hash_key: crate::run::event::cookie_secret()?,
             labels,
             n_steps: n_steps as u32,
             steps,
@@ -317,7 +319,11 @@ pub struct FilterStatus {
     pub errors: u64,
     /// Verdict records the log had no room for.
     pub log_lost: u64,
-    /// Classification slots, and those busy.
+    /// TCP only: what the reading of flows turned away (see [`TcpCounters`]).
+    pub tcp: TcpCounters,
+    /// TCP: the slots one source address may hold.
+    pub per_source: u32,
+    /// Classification slots, and those busy (reading a TCP flow's text, or judging).
     pub slots: usize,
     /// See [`FilterStatus::slots`].
     pub slots_busy: usize,
@@ -333,6 +339,26 @@ pub struct FilterStatus {
     pub kernel_memory: u64,
     /// The arena map's id (it no longer exists once removed).
     pub arena_map_id: u32,
+}
+
+/// What a TCP rule's reading of flows turned away ([`FilterStatus::tcp`]), in packets except
+/// `source_busy` and `reclaimed` (flows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TcpCounters {
+    /// Segments with a payload on a flow whose handshake was not seen (the pending policy): a
+    /// flow older than the rule, a spoofed segment, data in a SYN.
+    pub untracked: u64,
+    /// Segments past the next byte expected (dropped: TCP sends them again).
+    pub out_of_order: u64,
+    /// Segments with a bad TCP checksum (dropped, never read), or longer than 16 KiB.
+    pub bad_checksum: u64,
+    /// Retransmissions of a judged segment with other bytes than were judged (dropped).
+    pub mismatch: u64,
+    /// New flows refused a slot because their source held `per_source` (the overflow policy).
+    pub source_busy: u64,
+    /// Slots taken back from a flow whose text stopped arriving (its later segments meet the
+    /// overflow policy).
+    pub reclaimed: u64,
 }
 
 /// One verdict as the log carries it ([`InstalledFilter::follow_log`]).
@@ -456,6 +482,15 @@ impl InstalledFilter {
             judged: b.flt_judged,
             errors: b.flt_errors,
             log_lost: b.flt_log_lost,
+            tcp: TcpCounters {
+                untracked: b.flt_untracked,
+                out_of_order: b.flt_out_of_order,
+                bad_checksum: b.flt_bad_checksum,
+                mismatch: b.flt_mismatch,
+                source_busy: b.flt_source_busy,
+                reclaimed: b.flt_reclaimed,
+            },
+            per_source: c.per_source,
             slots: c.n_slots as usize,
             slots_busy: st.slots_busy,
             flows: st.flows,

@@ -8,7 +8,9 @@ pub(crate) mod install;
 pub(crate) mod rule;
 
 pub use classify::{Filter, Verdict};
-pub use install::{FilterInstall, FilterStatus, InstalledFilter, LabelStatus, VerdictRecord};
+pub use install::{
+    FilterInstall, FilterStatus, InstalledFilter, LabelStatus, TcpCounters, VerdictRecord,
+};
 pub use rule::{
     payload_text, Action, CompiledRule, FilterRule, Ipv4Prefix, Label, Policy, Protocol,
 };

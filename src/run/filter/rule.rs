@@ -278,6 +278,11 @@ pub struct FilterRule {
     /// Classifications run at once: 1..=8, the event path's slots (default 2).
     #[serde(default = "default_slots")]
     pub slots: u32,
+    /// TCP: the slots one source address may hold at once (reading a flow's text or judging
+    /// it), 1..=`slots`; a new flow of a source that holds them meets the overflow policy,
+    /// counted. Absent: 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_source: Option<u32>,
 }
 
 fn default_ttl() -> u32 {
@@ -409,6 +414,14 @@ impl FilterRule {
         for (field, v, max) in ranges {
             if !(1..=max).contains(&v) {
                 return Err(rule_err(field, format!("{v}: expected 1..={max}")));
+            }
+        }
+        if let Some(n) = self.per_source {
+            if !(1..=self.slots).contains(&n) {
+                return Err(rule_err(
+                    "per_source",
+                    format!("{n}: expected 1..={} (the rule's slots)", self.slots),
+                ));
             }
         }
         Ok(())

@@ -1,0 +1,438 @@
+//! The installed filter reading TCP flows as a spoofing or evading sender meets it (issue 31):
+//! crafted segments run through the pinned `flt_xdp` (arriving) and the server's SYN-ACKs
+//! through the pinned `flt_egress` (leaving) with `BPF_PROG_TEST_RUN`, so that checksums,
+//! sequence numbers and flags can lie as no kernel socket lets them. Shown:
+//! - data with no handshake seen (or a handshake whose ACK did not acknowledge the server's
+//!   SYN-ACK, as a blind spoofer's cannot) meets the pending policy and takes no slot;
+//! - a flow's bytes are read in order: a segment past the next byte is dropped, a segment with a
+//!   bad checksum is dropped and not read;
+//! - a 1-byte first segment is not judged alone: segments that do not complete the text pass,
+//!   the one that completes it is held (dropped) until the verdict, which is user space's
+//!   verdict on the whole text, integer for integer;
+//! - the held segment sent again passes with the bytes judged, and is dropped with others;
+//! - a segment that ends a write (PSH) before the text is whole is judged on what came; on a
+//!   pass the flow reads on and is judged again on its whole text;
+//! - a source holding its slots (per_source) cannot take another, while another source can;
+//! - a drop verdict drops the flow's later segments.
+//!
+//! Needs root and BPF arenas (in the VMs' smoke suite where the host refuses them); fails, never
+//! skips, without them.
+
+mod common;
+
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+use common::serve::{eventually, Installation};
+use libbpf_rs::libbpf_sys;
+use qwen_bpf::filter::{Filter, FilterInstall, FilterRule, InstalledFilter, VerdictRecord};
+use qwen_bpf::run::serve::pin_dir;
+use qwen_bpf::{ModelOptions, Tokenizer};
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const FIN: u8 = 0x01;
+const SYN: u8 = 0x02;
+const PSH: u8 = 0x08;
+const ACK: u8 = 0x10;
+const PORT: u16 = 47_331;
+const SERVER: Ipv4Addr = Ipv4Addr::LOCALHOST;
+
+fn rule(action: &str) -> FilterRule {
+    FilterRule::from_json(&format!(
+        r#"{{"interface": "lo", "protocol": "tcp", "ports": [{PORT}], "bytes": 64,
+        "first_line": true, "template": "Is this request good or bad?\n{{payload}}\nAnswer:",
+        "labels": [
+          {{"name": "good", "text": " good", "action": "{action}"}},
+          {{"name": "bad", "text": " bad request", "action": "{action}"}}
+        ], "slots": 2, "per_source": 1}}"#
+    ))
+    .expect("a valid rule")
+}
+
+fn filter(dir: &std::path::Path, tok: &Tokenizer, r: FilterRule) -> Filter {
+    let ctx = r.compile(tok).unwrap().context_needed();
+    let opts = ModelOptions::default()
+        .with_max_context(ctx)
+        .with_event_slots(r.slots as usize);
+    let mut m = common::open(dir, opts);
+    m.load_tokenizer(tok).unwrap();
+    Filter::new(m, tok, r).unwrap()
+}
+
+/// An Ethernet frame carrying an IPv4 TCP segment from `src`:`sport` to the server, with a
+/// correct checksum unless `corrupt`.
+fn segment(
+    src: Ipv4Addr,
+    sport: u16,
+    seq: u32,
+    ack: u32,
+    flags: u8,
+    payload: &[u8],
+    corrupt: bool,
+) -> Vec<u8> {
+    let tcp_len = 20 + payload.len();
+    let mut f = vec![0u8; 12];
+    f.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
+    f.extend_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 1, 0x40, 0, 64, 6, 0, 0]);
+    f.extend_from_slice(&src.octets());
+    f.extend_from_slice(&SERVER.octets());
+    let t = f.len();
+    f.extend_from_slice(&sport.to_be_bytes());
+    f.extend_from_slice(&PORT.to_be_bytes());
+    f.extend_from_slice(&seq.to_be_bytes());
+    f.extend_from_slice(&ack.to_be_bytes());
+    f.extend_from_slice(&[0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
+    f.extend_from_slice(payload);
+    // the checksum: the pseudo-header (addresses, protocol, length) and the segment
+    let mut sum: u32 = 6 + tcp_len as u32;
+    for a in [src.octets(), SERVER.octets()] {
+        sum += u16::from_be_bytes([a[0], a[1]]) as u32 + u16::from_be_bytes([a[2], a[3]]) as u32;
+    }
+    for c in f[t..].chunks(2) {
+        sum += u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32;
+    }
+    while sum >> 16 != 0 {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    let csum = !(sum as u16) ^ if corrupt { 0x0101 } else { 0 };
+    f[t + 16..t + 18].copy_from_slice(&csum.to_be_bytes());
+    f
+}
+
+/// The server's SYN-ACK to `client`:`cport`, leaving.
+fn syn_ack(client: Ipv4Addr, cport: u16, seq: u32, ack: u32) -> Vec<u8> {
+    let mut f = vec![0u8; 12];
+    f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0]);
+    f.extend_from_slice(&SERVER.octets());
+    f.extend_from_slice(&client.octets());
+    f.extend_from_slice(&PORT.to_be_bytes());
+    f.extend_from_slice(&cport.to_be_bytes());
+    f.extend_from_slice(&seq.to_be_bytes());
+    f.extend_from_slice(&ack.to_be_bytes());
+    f.extend_from_slice(&[0x50, SYN | ACK, 0xff, 0xff, 0, 0, 0, 0]);
+    f
+}
+
+/// Runs a pinned program once on `frame`: its return value.
+fn run(prog: &OwnedFd, frame: &[u8]) -> u32 {
+    let mut out = vec![0u8; 4096];
+    // SAFETY: zeroed options, then the size and buffers of this call, which outlive it.
+    let mut opts: libbpf_sys::bpf_test_run_opts = unsafe { std::mem::zeroed() };
+    opts.sz = std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _;
+    opts.data_in = frame.as_ptr() as *const _;
+    opts.data_size_in = frame.len() as u32;
+    opts.data_out = out.as_mut_ptr() as *mut _;
+    opts.data_size_out = out.len() as u32;
+    opts.repeat = 1;
+    // SAFETY: a program fd and options whose buffers are live for the call.
+    let rc = unsafe { libbpf_sys::bpf_prog_test_run_opts(prog.as_raw_fd(), &mut opts) };
+    assert_eq!(
+        rc,
+        0,
+        "BPF_PROG_TEST_RUN: {}",
+        std::io::Error::last_os_error()
+    );
+    opts.retval
+}
+
+fn pinned(name: &str, prog: &str) -> OwnedFd {
+    let path = std::ffi::CString::new(
+        pin_dir(name)
+            .join(prog)
+            .into_os_string()
+            .into_encoded_bytes(),
+    )
+    .unwrap();
+    // SAFETY: a NUL-terminated path.
+    let fd = unsafe { libbpf_sys::bpf_obj_get(path.as_ptr()) };
+    assert!(
+        fd >= 0,
+        "the pin of {prog}: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: a new fd that nothing else owns.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// The installed filter's programs and one client flow's sequence numbers.
+struct Wire {
+    xdp: OwnedFd,
+    egress: OwnedFd,
+}
+
+impl Wire {
+    /// The three steps of a handshake from `src`:`sport` (client ISN `isn`, server's `srv`): the
+    /// flow is read from `isn + 1`.
+    fn handshake(&self, src: Ipv4Addr, sport: u16, isn: u32, srv: u32) {
+        assert_eq!(
+            run(&self.xdp, &segment(src, sport, isn, 0, SYN, b"", false)),
+            XDP_PASS,
+            "a SYN"
+        );
+        assert_eq!(
+            run(&self.egress, &syn_ack(src, sport, srv, isn + 1)),
+            0,
+            "the SYN-ACK leaves"
+        );
+        let ack = segment(src, sport, isn + 1, srv + 1, ACK, b"", false);
+        assert_eq!(run(&self.xdp, &ack), XDP_PASS, "the handshake's ACK");
+    }
+
+    fn data(
+        &self,
+        src: Ipv4Addr,
+        sport: u16,
+        seq: u32,
+        srv: u32,
+        flags: u8,
+        payload: &[u8],
+    ) -> u32 {
+        run(
+            &self.xdp,
+            &segment(src, sport, seq, srv + 1, ACK | flags, payload, false),
+        )
+    }
+}
+
+/// The next verdict record of `f` (within 60 s: TCG is slow).
+fn next_verdict(f: &InstalledFilter) -> VerdictRecord {
+    let mut record = None;
+    f.follow_log(Duration::from_secs(60), |r| {
+        record = Some(r);
+        false
+    })
+    .unwrap();
+    record.expect("a verdict record within 60 s")
+}
+
+#[test]
+fn tcp_flows_are_read_from_the_handshake_judged_whole_and_held_until_judged() {
+    let dir = common::tiny_model_with_tokenizer("filter-tcp");
+    let tok = Tokenizer::from_file(common::tokenizer_path()).unwrap();
+    let mut user = filter(&dir, &tok, rule("count"));
+    let name = "test-filter-tcp";
+    let _lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = Installation::new(name);
+    let f = filter(&dir, &tok, rule("count"))
+        .install(name, &FilterInstall::default())
+        .unwrap();
+    let w = Wire {
+        xdp: pinned(name, "flt_xdp"),
+        egress: pinned(name, "flt_egress"),
+    };
+    let (a, b, c) = (
+        Ipv4Addr::new(10, 0, 0, 1),
+        Ipv4Addr::new(10, 0, 0, 2),
+        Ipv4Addr::new(10, 0, 0, 3),
+    );
+
+    // 1. data on a flow whose handshake was not seen: the pending policy (drop for TCP), no slot
+    let request = b"GET /index.html HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_eq!(
+        w.data(a, 1000, 1, 1, PSH, request),
+        XDP_DROP,
+        "no handshake"
+    );
+    // a blind spoofer: SYN, the server answers someone else, the third ACK guesses wrong
+    assert_eq!(
+        run(&w.xdp, &segment(c, 1001, 500, 0, SYN, b"", false)),
+        XDP_PASS
+    );
+    assert_eq!(run(&w.egress, &syn_ack(c, 1001, 7_000, 501)), 0);
+    assert_eq!(
+        w.data(c, 1001, 501, 4_241, PSH, request),
+        XDP_DROP,
+        "a guessed ACK"
+    );
+    // data in a SYN (TCP Fast Open) would reach the server unread
+    assert_eq!(
+        run(
+            &w.xdp,
+            &segment(c, 1002, 900, 0, SYN, b"GET / HTTP/1.1\r\n", false)
+        ),
+        XDP_DROP
+    );
+    let s = f.status().unwrap();
+    assert_eq!(
+        (s.tcp.untracked, s.started, s.slots_busy),
+        (3, 0, 0),
+        "{s:?}"
+    );
+
+    // 2. a real handshake, then a 1-byte first segment: read, not judged alone
+    let (isn, srv) = (1_000u32, 90_000u32);
+    w.handshake(a, 2000, isn, srv);
+    let mut seq = isn + 1;
+    assert_eq!(
+        w.data(a, 2000, seq, srv, 0, b"G"),
+        XDP_PASS,
+        "an incomplete text passes"
+    );
+    seq += 1;
+    assert_eq!(
+        f.status().unwrap().slots_busy,
+        1,
+        "the flow's text holds a slot"
+    );
+    // past the next byte: dropped (TCP sends it again in order)
+    assert_eq!(
+        w.data(a, 2000, seq + 2, srv, 0, b"T /"),
+        XDP_DROP,
+        "out of order"
+    );
+    // a bad checksum: dropped and never read (the stack would drop it too)
+    let bad = segment(a, 2000, seq, srv + 1, ACK, b"ET /evil HTTP/1.1\r\n", true);
+    assert_eq!(run(&w.xdp, &bad), XDP_DROP, "a bad checksum");
+    assert_eq!(w.data(a, 2000, seq, srv, 0, b"ET /index.html"), XDP_PASS);
+    seq += 14;
+    let s = f.status().unwrap();
+    assert_eq!(
+        (s.tcp.out_of_order, s.tcp.bad_checksum, s.started),
+        (1, 1, 0),
+        "{s:?}"
+    );
+
+    // 3. per source: a holds its one slot, so its second flow meets the overflow policy;
+    //    another source still gets a slot
+    w.handshake(a, 2001, 40, 41);
+    assert_eq!(
+        w.data(a, 2001, 41, 41, 0, b"X"),
+        XDP_DROP,
+        "a's second flow"
+    );
+    assert_eq!(f.status().unwrap().tcp.source_busy, 1);
+    w.handshake(b, 3000, 60, 61);
+    assert_eq!(
+        w.data(b, 3000, 61, 61, 0, b"Y"),
+        XDP_PASS,
+        "b gets the other slot"
+    );
+    assert_eq!(f.status().unwrap().slots_busy, 2);
+
+    // 4. the segment that ends the line completes the text: held (dropped) until the verdict
+    let rest = b" HTTP/1.1\r\nHost: x\r\n\r\n";
+    assert_eq!(
+        w.data(a, 2000, seq, srv, 0, rest),
+        XDP_DROP,
+        "the completing segment is held"
+    );
+    assert_eq!(
+        w.data(a, 2000, seq, srv, 0, rest),
+        XDP_DROP,
+        "held while pending"
+    );
+    let want = user
+        .classify(b"GET /index.html HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let r = next_verdict(&f);
+    assert_eq!(
+        (r.label, r.score_q16),
+        (want.label, want.score_q16),
+        "kernel vs user space"
+    );
+    assert_eq!(
+        &r.excerpt[..],
+        b"GET /index.html HTTP/1.1",
+        "judged on the whole line"
+    );
+    assert_eq!((r.source.0, r.source.1), (a, 2000));
+
+    // 5. sent again: with the bytes judged it passes, with others it is dropped
+    let mut other = rest.to_vec();
+    other[2] = b'X';
+    assert!(eventually(Duration::from_secs(5), || w
+        .data(a, 2000, seq, srv, 0, rest)
+        == XDP_PASS));
+    assert_eq!(
+        w.data(a, 2000, seq, srv, 0, &other),
+        XDP_DROP,
+        "other bytes than judged"
+    );
+    assert_eq!(f.status().unwrap().tcp.mismatch, 1);
+    // the text is whole: later bytes (keep-alive) pass under the verdict, unread
+    let later = seq + rest.len() as u32;
+    assert_eq!(
+        w.data(a, 2000, later, srv, PSH, b"GET /next HTTP/1.1\r\n"),
+        XDP_PASS
+    );
+    assert_eq!(w.data(a, 2000, later, srv, FIN, b""), XDP_PASS);
+
+    // 6. a write that ends (PSH) before the line does: judged on what came, read on after a pass
+    w.handshake(c, 4000, 7, 8);
+    assert_eq!(
+        w.data(c, 4000, 8, 8, PSH, b"GET /a"),
+        XDP_DROP,
+        "held at the end of a write"
+    );
+    let first = next_verdict(&f);
+    assert_eq!(&first.excerpt[..], b"GET /a");
+    let want = user.classify(b"GET /a").unwrap();
+    assert_eq!((first.label, first.score_q16), (want.label, want.score_q16));
+    assert!(eventually(Duration::from_secs(5), || w
+        .data(c, 4000, 8, 8, PSH, b"GET /a")
+        == XDP_PASS));
+    assert_eq!(
+        w.data(c, 4000, 14, 8, PSH, b" HTTP/1.0\r\n"),
+        XDP_DROP,
+        "held: the line ends"
+    );
+    let second = next_verdict(&f);
+    assert_eq!(
+        &second.excerpt[..],
+        b"GET /a HTTP/1.0",
+        "judged again on the whole text"
+    );
+    let want = user.classify(b"GET /a HTTP/1.0\r\n").unwrap();
+    assert_eq!(
+        (second.label, second.score_q16),
+        (want.label, want.score_q16)
+    );
+
+    let s = f.status().unwrap();
+    assert_eq!((s.judged, s.errors), (3, 0), "{s:?}");
+    drop(f);
+    InstalledFilter::remove(name).unwrap();
+}
+
+#[test]
+fn a_drop_verdict_drops_the_flow_and_its_retransmissions() {
+    let dir = common::tiny_model_with_tokenizer("filter-tcp");
+    let tok = Tokenizer::from_file(common::tokenizer_path()).unwrap();
+    let name = "test-filter-tcp-drop";
+    let _lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let _guard = Installation::new(name);
+    let f = filter(&dir, &tok, rule("drop"))
+        .install(name, &FilterInstall::default())
+        .unwrap();
+    let w = Wire {
+        xdp: pinned(name, "flt_xdp"),
+        egress: pinned(name, "flt_egress"),
+    };
+    let a = Ipv4Addr::new(10, 0, 0, 9);
+    w.handshake(a, 5000, 1, 2);
+    let line = b"GET /evil HTTP/1.1\r\n";
+    assert_eq!(w.data(a, 5000, 2, 2, PSH, line), XDP_DROP, "held");
+    let r = next_verdict(&f);
+    assert_eq!(&r.excerpt[..], b"GET /evil HTTP/1.1");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        w.data(a, 5000, 2, 2, PSH, line),
+        XDP_DROP,
+        "the retransmission meets the verdict"
+    );
+    assert_eq!(
+        w.data(a, 5000, 2 + line.len() as u32, 2, FIN, b""),
+        XDP_DROP
+    );
+    let s = f.status().unwrap();
+    assert_eq!(s.labels[r.label].packets, 2, "{s:?}");
+    assert_eq!(s.slots_busy, 0, "a final verdict frees the slot");
+    drop(f);
+    InstalledFilter::remove(name).unwrap();
+}
+
+/// One XDP program on `lo` at a time.
+static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
