@@ -595,6 +595,7 @@ _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is li
 
 /* ------------------------------------------------------------------ the packet filter */
 #include "filter.inc.c"
+#include "filter_xdp.inc.c"
 
 /* ------------------------------------------------------------------ constants shared with Rust */
 

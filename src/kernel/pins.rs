@@ -51,7 +51,7 @@ pub const EVENT_PINS: PinSet = PinSet {
     egress: None,
 };
 
-/// A packet filter (`src/bpf/filter.inc.c`).
+/// A packet filter (`src/bpf/filter.inc.c`, `filter_xdp.inc.c`).
 pub const FILTER_PINS: PinSet = PinSet {
     what: "the filter",
     progs: &["flt_xdp", "flt_setup", "flt_egress"],
