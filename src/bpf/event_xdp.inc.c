@@ -24,23 +24,45 @@ struct ev_poll {
 		v2 += v1; v1 = SIP_ROTL(v1, 17); v1 ^= v2; v2 = SIP_ROTL(v2, 32);              \
 	} while (0)
 
+/* SipHash-2-4's state, fed 8-byte blocks: sip_init under a key, sip_block per block (the last
+ * block holds the message's length in its top byte and its tail bytes below), sip_final. */
+struct sip {
+	u64 v0, v1, v2, v3;
+};
+
+static __always_inline void sip_init(struct sip *s, const u64 *key)
+{
+	s->v0 = key[0] ^ 0x736f6d6570736575ULL;
+	s->v1 = key[1] ^ 0x646f72616e646f6dULL;
+	s->v2 = key[0] ^ 0x6c7967656e657261ULL;
+	s->v3 = key[1] ^ 0x7465646279746573ULL;
+}
+
+static __always_inline void sip_block(struct sip *s, u64 m)
+{
+	s->v3 ^= m;
+	SIP_ROUND(s->v0, s->v1, s->v2, s->v3);
+	SIP_ROUND(s->v0, s->v1, s->v2, s->v3);
+	s->v0 ^= m;
+}
+
+static __always_inline u64 sip_final(struct sip *s)
+{
+	s->v2 ^= 0xff;
+	for (int i = 0; i < 4; i++)
+		SIP_ROUND(s->v0, s->v1, s->v2, s->v3);
+	return s->v0 ^ s->v1 ^ s->v2 ^ s->v3;
+}
+
 static __always_inline u64 ev_siphash16(u64 m0, u64 m1)
 {
-	u64 k0 = ev_cfg.secret[0], k1 = ev_cfg.secret[1];
-	u64 v0 = k0 ^ 0x736f6d6570736575ULL, v1 = k1 ^ 0x646f72616e646f6dULL;
-	u64 v2 = k0 ^ 0x6c7967656e657261ULL, v3 = k1 ^ 0x7465646279746573ULL;
-	u64 m[3] = { m0, m1, (u64)16 << 56 }; /* the last block: the length, no tail bytes */
+	struct sip s;
 
-	for (int i = 0; i < 3; i++) {
-		v3 ^= m[i];
-		SIP_ROUND(v0, v1, v2, v3);
-		SIP_ROUND(v0, v1, v2, v3);
-		v0 ^= m[i];
-	}
-	v2 ^= 0xff;
-	for (int i = 0; i < 4; i++)
-		SIP_ROUND(v0, v1, v2, v3);
-	return v0 ^ v1 ^ v2 ^ v3;
+	sip_init(&s, ev_cfg.secret);
+	sip_block(&s, m0);
+	sip_block(&s, m1);
+	sip_block(&s, (u64)16 << 56); /* the last block: the length, no tail bytes */
+	return sip_final(&s);
 }
 
 /* A request's server cookie (as DNS cookies, RFC 7873): bound to the client's address and port,

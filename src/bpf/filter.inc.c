@@ -699,28 +699,38 @@ static __always_inline int flt_policy(u32 p)
 	return XDP_PASS;
 }
 
+/* Claims a classification slot (EV_CLAIMED): a free one, or one holding a TCP flow's text that
+ * arrived no byte for pending_ns (taken back, counted; the flow's later segments meet the
+ * overflow policy). Its index, or FLT_NO_SLOT when every slot is busy. */
+static __noinline u32 flt_take_slot(u64 now)
+{
+	for (u32 i = 0; i < FLT_SLOTS_MAX; i++) {
+		u32 k = i;
+		struct flt_slot *c = bpf_map_lookup_elem(&flt_slots, &k);
+
+		if (!c || i >= flt_cfg.n_slots)
+			break;
+		if (__sync_val_compare_and_swap(&c->state, EV_FREE, EV_CLAIMED) == EV_FREE)
+			return i;
+		if (*(volatile u32 *)&c->state == FLT_ACCUM &&
+		    now - *(volatile u64 *)&c->t0 > flt_cfg.pending_ns &&
+		    __sync_val_compare_and_swap(&c->state, FLT_ACCUM, EV_CLAIMED) == FLT_ACCUM) {
+			__sync_fetch_and_add(&flt_reclaimed, 1);
+			return i;
+		}
+	}
+	return FLT_NO_SLOT;
+}
+
 /* A new flow's first packet with a payload: a slot claimed, the payload copied, the flow
  * pending, the worker started. The packet's verdict: the pending policy, or the overflow
  * policy when no slot is free. */
 static __noinline int flt_start(struct xdp_md *ctx, const struct flt_key *key, u32 off, u32 len)
 {
 	struct flt_flow f = { .state = FLT_PENDING };
-	struct flt_slot *s = 0;
-	u32 slot = FLT_SLOTS_MAX, n;
+	u32 slot = flt_take_slot(bpf_ktime_get_ns()), n;
+	struct flt_slot *s = slot == FLT_NO_SLOT ? 0 : bpf_map_lookup_elem(&flt_slots, &slot);
 
-	for (u32 i = 0; i < FLT_SLOTS_MAX; i++) {
-		u32 k = i;
-		struct flt_slot *c;
-
-		if (i >= flt_cfg.n_slots)
-			break;
-		c = bpf_map_lookup_elem(&flt_slots, &k);
-		if (c && __sync_val_compare_and_swap(&c->state, EV_FREE, EV_CLAIMED) == EV_FREE) {
-			slot = i;
-			s = c;
-			break;
-		}
-	}
 	if (!s) {
 		__sync_fetch_and_add(&flt_overflow, 1);
 		return flt_policy(flt_cfg.overflow);

@@ -55,39 +55,28 @@ static __noinline int flt_csum_ok(const u8 *b, u32 n, u32 saddr, u32 daddr)
 	return sum == 0xffff;
 }
 
-/* SipHash-2-4 of b[lo, lo + n) under the rule's hash key (n <= FLT_SEG_MAX). */
+/* SipHash-2-4 (event_xdp.inc.c's sip_*) of b[lo, lo + n) under the rule's hash key
+ * (n <= FLT_SEG_MAX). */
 static __noinline u64 flt_hash(const u8 *b, u32 lo, u32 n)
 {
-	u64 k0 = flt_cfg.hash_key[0], k1 = flt_cfg.hash_key[1];
-	u64 v0 = k0 ^ 0x736f6d6570736575ULL, v1 = k1 ^ 0x646f72616e646f6dULL;
-	u64 v2 = k0 ^ 0x6c7967656e657261ULL, v3 = k1 ^ 0x7465646279746573ULL;
 	u64 m, last = (u64)n << 56;
 	u32 i = n / 8 * 8;
+	struct sip s;
 
 	if (n > FLT_SEG_MAX)
 		return 0;
+	sip_init(&s, flt_cfg.hash_key);
 	FOR(k, 0, n / 8) {
 		m = 0;
 		for (u32 j = 0; j < 8; j++)
 			m |= (u64)b[(lo + 8 * k + j) & (FLT_SEG_MAX - 1)] << (8 * j);
-		v3 ^= m;
-		SIP_ROUND(v0, v1, v2, v3);
-		SIP_ROUND(v0, v1, v2, v3);
-		v0 ^= m;
+		sip_block(&s, m);
 	}
 	for (u32 j = 0; j < 7; j++)
 		if (i + j < n)
 			last |= (u64)b[(lo + i + j) & (FLT_SEG_MAX - 1)] << (8 * j);
-	v3 ^= last;
-	SIP_ROUND(v0, v1, v2, v3);
-	SIP_ROUND(v0, v1, v2, v3);
-	v0 ^= last;
-	v2 ^= 0xff;
-	SIP_ROUND(v0, v1, v2, v3);
-	SIP_ROUND(v0, v1, v2, v3);
-	SIP_ROUND(v0, v1, v2, v3);
-	SIP_ROUND(v0, v1, v2, v3);
-	return v0 ^ v1 ^ v2 ^ v3;
+	sip_block(&s, last);
+	return sip_final(&s);
 }
 
 /* Slots held by source address `src` (claimed, reading, classifying). */
@@ -107,32 +96,13 @@ static __always_inline u32 flt_held(u32 src)
 	return held;
 }
 
-/* A slot for a TCP flow's text, claimed (EV_CLAIMED) and keyed to it: a free one, or one whose
- * flow stopped sending for pending_ns (taken back, counted). FLT_NO_SLOT when none is free or
+/* A slot for a TCP flow's text (flt_take_slot), keyed to it: FLT_NO_SLOT when none is free or
  * the source holds per_source already (counted). */
 static __noinline u32 flt_claim(const struct flt_key *key, u64 now)
 {
-	struct flt_slot *s = 0;
-	u32 slot = FLT_NO_SLOT;
+	u32 slot = flt_take_slot(now);
+	struct flt_slot *s = slot == FLT_NO_SLOT ? 0 : bpf_map_lookup_elem(&flt_slots, &slot);
 
-	for (u32 i = 0; i < FLT_SLOTS_MAX; i++) {
-		u32 k = i;
-		struct flt_slot *c = bpf_map_lookup_elem(&flt_slots, &k);
-
-		if (!c || i >= flt_cfg.n_slots)
-			break;
-		if (__sync_val_compare_and_swap(&c->state, EV_FREE, EV_CLAIMED) == EV_FREE) {
-			s = c, slot = i;
-			break;
-		}
-		if (*(volatile u32 *)&c->state == FLT_ACCUM &&
-		    now - *(volatile u64 *)&c->t0 > flt_cfg.pending_ns &&
-		    __sync_val_compare_and_swap(&c->state, FLT_ACCUM, EV_CLAIMED) == FLT_ACCUM) {
-			__sync_fetch_and_add(&flt_reclaimed, 1);
-			s = c, slot = i;
-			break;
-		}
-	}
 	if (!s)
 		return FLT_NO_SLOT;
 	/* marked as the source's before counting: two CPUs claiming for one source see both */
@@ -155,15 +125,13 @@ static __noinline u32 flt_claim(const struct flt_key *key, u64 now)
 static __always_inline int flt_tcp_overflow(struct flt_flow *f, int lost)
 {
 	__sync_fetch_and_add(&flt_overflow, 1);
-	if (flt_cfg.overflow == FLT_DROP) {
-		if (lost) /* its text is gone: every later segment meets the overflow policy */
-			f->label = FLT_LABELS_MAX, f->slot = FLT_NO_SLOT, f->state = FLT_JUDGED;
+	if (flt_cfg.overflow == FLT_DROP && !lost)
 		return flt_policy(FLT_DROP);
-	}
+	/* passed unread, or its text lost: every later segment meets the overflow policy */
 	f->label = FLT_LABELS_MAX;
 	f->slot = FLT_NO_SLOT;
 	f->state = FLT_JUDGED;
-	return XDP_PASS;
+	return flt_policy(flt_cfg.overflow);
 }
 
 /* A payload segment of an open or judged-pass TCP flow: the held segment's bytes checked, new

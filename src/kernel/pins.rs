@@ -255,12 +255,8 @@ impl Ops {
                 fd_of("map", n, fd)
             })
             .collect::<Result<Vec<_>>>()?;
-        let egress = set
-            .egress
-            .map(|e| progs.iter().find(|p| p.0 == e).map(|p| p.1))
-            .map(|fd| fd_of("program", set.egress.unwrap_or_default(), fd))
-            .transpose()?
-            .map(|(_, fd)| fd);
+        // the egress program is one of `progs`, whose fds were found above
+        let egress = set.egress.and_then(|e| progs.iter().find(|p| p.0 == e)).map(|p| p.1);
         pin_attached(set.what, progs[0].1, egress, ifindex, mode, dir, &maps, &progs)
     }
 }
@@ -593,4 +589,19 @@ pub fn remove(dir: &Path) -> Result<()> {
 /// Whether a BPF map with id `id` exists (false once the kernel has freed it).
 pub fn map_exists(id: u32) -> bool {
     MapHandle::from_map_id(id).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_egress_program_is_one_of_its_sets_programs() {
+        // `Ops::pin` finds the egress program's fd among `progs`: one missing would go unattached
+        for set in PIN_SETS {
+            if let Some(e) = set.egress {
+                assert!(set.progs.contains(&e), "{}: {e} is not in its progs", set.what);
+            }
+        }
+    }
 }
