@@ -13,8 +13,8 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use common::serve::{eventually, Installation};
-use qwen_bpf::filter::{Filter, FilterInstall, FilterRule, InstalledFilter};
-use qwen_bpf::{Error, ModelOptions, Tokenizer};
+use qwen_bpf::filter::{FilterInstall, FilterRule, InstalledFilter};
+use qwen_bpf::{Error, Tokenizer};
 
 /// One XDP program on `lo` at a time.
 static LO: Mutex<()> = Mutex::new(());
@@ -29,16 +29,6 @@ fn rule(port: u16, pending: &str, overflow: &str, slots: u32) -> FilterRule {
         ], "pending": "{pending}", "overflow": "{overflow}", "slots": {slots}}}"#
     ))
     .expect("a valid rule")
-}
-
-fn filter(dir: &std::path::Path, tok: &Tokenizer, r: FilterRule) -> Filter {
-    let ctx = r.compile(tok).unwrap().context_needed();
-    let opts = ModelOptions::default()
-        .with_max_context(ctx)
-        .with_event_slots(r.slots as usize);
-    let mut m = common::open(dir, opts);
-    m.load_tokenizer(tok).unwrap();
-    Filter::new(m, tok, r).unwrap()
 }
 
 fn receiver(port: u16) -> UdpSocket {
@@ -67,12 +57,12 @@ fn a_flow_is_judged_as_user_space_judges_it_and_its_later_packets_meet_the_verdi
     let port = 47_311;
     let payload = b"GET /index.html?user=alice HTTP/1.1";
     // what user space says (a second model: the first goes into the kernel)
-    let want = filter(&dir, &tok, rule(port, "pass", "drop", 1))
+    let want = common::filter(&dir, &tok, rule(port, "pass", "drop", 1))
         .classify(payload)
         .unwrap();
 
     let _guard = Installation::new("test-filter-udp");
-    let f = filter(&dir, &tok, rule(port, "pass", "drop", 1))
+    let f = common::filter(&dir, &tok, rule(port, "pass", "drop", 1))
         .install("test-filter-udp", &FilterInstall::default())
         .unwrap();
     let rx = receiver(port);
@@ -160,7 +150,7 @@ fn misuse_is_refused_with_its_reason() {
         interface: Some("qbpf-no-such0".into()),
         ..Default::default()
     };
-    let e = filter(&dir, &tok, r.clone())
+    let e = common::filter(&dir, &tok, r.clone())
         .install("test-filter-bad", &opts)
         .unwrap_err();
     assert!(e.to_string().contains("qbpf-no-such0"), "{e}");
@@ -169,16 +159,16 @@ fn misuse_is_refused_with_its_reason() {
         max_memory: Some(1 << 20),
         ..Default::default()
     };
-    let e = filter(&dir, &tok, r.clone())
+    let e = common::filter(&dir, &tok, r.clone())
         .install("test-filter-bad", &opts)
         .unwrap_err();
     assert!(matches!(e, Error::Resources { .. }), "{e}");
 
     let _guard = Installation::new("test-filter-twice");
-    filter(&dir, &tok, r.clone())
+    common::filter(&dir, &tok, r.clone())
         .install("test-filter-twice", &FilterInstall::default())
         .unwrap();
-    let e = filter(&dir, &tok, r)
+    let e = common::filter(&dir, &tok, r)
         .install("test-filter-twice", &FilterInstall::default())
         .unwrap_err();
     assert!(matches!(e, Error::AlreadyInstalled { .. }), "{e}");

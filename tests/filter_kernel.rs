@@ -47,16 +47,6 @@ fn payloads() -> Vec<Vec<u8>> {
     p
 }
 
-fn open(dir: &std::path::Path, tok: &Tokenizer, r: FilterRule) -> Filter {
-    let ctx = r.compile(tok).unwrap().context_needed();
-    let opts = ModelOptions::default()
-        .with_max_context(ctx)
-        .with_event_slots(r.slots as usize);
-    let mut model = common::open(dir, opts);
-    model.load_tokenizer(tok).unwrap();
-    Filter::new(model, tok, r).unwrap()
-}
-
 #[test]
 fn the_kernel_scores_every_label_with_the_integers_of_user_space() {
     let dir = common::tiny_model_with_tokenizer("filter-kernel");
@@ -66,7 +56,7 @@ fn the_kernel_scores_every_label_with_the_integers_of_user_space() {
         r#", "margin": 0.05, "fallback": "benign""#,
         r#", "threshold": -1.5"#,
     ] {
-        let mut f = open(&dir, &tok, rule(extra));
+        let mut f = common::filter(&dir, &tok, rule(extra));
         for p in payloads() {
             let user = f.classify(&p).unwrap();
             let kernel = f.classify_in_kernel(&p).unwrap();

@@ -21,14 +21,12 @@
 mod common;
 
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use common::serve::{eventually, Installation};
-use libbpf_rs::libbpf_sys;
-use qwen_bpf::filter::{Filter, FilterInstall, FilterRule, InstalledFilter, VerdictRecord};
-use qwen_bpf::run::serve::pin_dir;
-use qwen_bpf::{ModelOptions, Tokenizer};
+use common::serve::{eventually, pinned_prog, test_run, Installation};
+use qwen_bpf::filter::{FilterInstall, FilterRule, InstalledFilter, VerdictRecord};
+use qwen_bpf::Tokenizer;
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
@@ -49,16 +47,6 @@ fn rule(action: &str) -> FilterRule {
         ], "slots": 2, "per_source": 1}}"#
     ))
     .expect("a valid rule")
-}
-
-fn filter(dir: &std::path::Path, tok: &Tokenizer, r: FilterRule) -> Filter {
-    let ctx = r.compile(tok).unwrap().context_needed();
-    let opts = ModelOptions::default()
-        .with_max_context(ctx)
-        .with_event_slots(r.slots as usize);
-    let mut m = common::open(dir, opts);
-    m.load_tokenizer(tok).unwrap();
-    Filter::new(m, tok, r).unwrap()
 }
 
 /// An Ethernet frame carrying an IPv4 TCP segment from `src`:`sport` to the server, with a
@@ -118,43 +106,7 @@ fn syn_ack(client: Ipv4Addr, cport: u16, seq: u32, ack: u32) -> Vec<u8> {
 
 /// Runs a pinned program once on `frame`: its return value.
 fn run(prog: &OwnedFd, frame: &[u8]) -> u32 {
-    let mut out = vec![0u8; 4096];
-    // SAFETY: zeroed options, then the size and buffers of this call, which outlive it.
-    let mut opts: libbpf_sys::bpf_test_run_opts = unsafe { std::mem::zeroed() };
-    opts.sz = std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _;
-    opts.data_in = frame.as_ptr() as *const _;
-    opts.data_size_in = frame.len() as u32;
-    opts.data_out = out.as_mut_ptr() as *mut _;
-    opts.data_size_out = out.len() as u32;
-    opts.repeat = 1;
-    // SAFETY: a program fd and options whose buffers are live for the call.
-    let rc = unsafe { libbpf_sys::bpf_prog_test_run_opts(prog.as_raw_fd(), &mut opts) };
-    assert_eq!(
-        rc,
-        0,
-        "BPF_PROG_TEST_RUN: {}",
-        std::io::Error::last_os_error()
-    );
-    opts.retval
-}
-
-fn pinned(name: &str, prog: &str) -> OwnedFd {
-    let path = std::ffi::CString::new(
-        pin_dir(name)
-            .join(prog)
-            .into_os_string()
-            .into_encoded_bytes(),
-    )
-    .unwrap();
-    // SAFETY: a NUL-terminated path.
-    let fd = unsafe { libbpf_sys::bpf_obj_get(path.as_ptr()) };
-    assert!(
-        fd >= 0,
-        "the pin of {prog}: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: a new fd that nothing else owns.
-    unsafe { OwnedFd::from_raw_fd(fd) }
+    test_run(prog, frame).0
 }
 
 /// The installed filter's programs and one client flow's sequence numbers.
@@ -212,16 +164,16 @@ fn next_verdict(f: &InstalledFilter) -> VerdictRecord {
 fn tcp_flows_are_read_from_the_handshake_judged_whole_and_held_until_judged() {
     let dir = common::tiny_model_with_tokenizer("filter-tcp");
     let tok = Tokenizer::from_file(common::tokenizer_path()).unwrap();
-    let mut user = filter(&dir, &tok, rule("count"));
+    let mut user = common::filter(&dir, &tok, rule("count"));
     let name = "test-filter-tcp";
     let _lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let _guard = Installation::new(name);
-    let f = filter(&dir, &tok, rule("count"))
+    let f = common::filter(&dir, &tok, rule("count"))
         .install(name, &FilterInstall::default())
         .unwrap();
     let w = Wire {
-        xdp: pinned(name, "flt_xdp"),
-        egress: pinned(name, "flt_egress"),
+        xdp: pinned_prog(name, "flt_xdp"),
+        egress: pinned_prog(name, "flt_egress"),
     };
     let (a, b, c) = (
         Ipv4Addr::new(10, 0, 0, 1),
@@ -404,12 +356,12 @@ fn a_drop_verdict_drops_the_flow_and_its_retransmissions() {
     let name = "test-filter-tcp-drop";
     let _lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let _guard = Installation::new(name);
-    let f = filter(&dir, &tok, rule("drop"))
+    let f = common::filter(&dir, &tok, rule("drop"))
         .install(name, &FilterInstall::default())
         .unwrap();
     let w = Wire {
-        xdp: pinned(name, "flt_xdp"),
-        egress: pinned(name, "flt_egress"),
+        xdp: pinned_prog(name, "flt_xdp"),
+        egress: pinned_prog(name, "flt_egress"),
     };
     let a = Ipv4Addr::new(10, 0, 0, 9);
     w.handshake(a, 5000, 1, 2);

@@ -13,12 +13,10 @@
 mod common;
 
 use std::net::Ipv4Addr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use common::serve::{install_in_process, wire, Installation, CTX};
-use libbpf_rs::libbpf_sys;
-use qwen_bpf::run::serve::pin_dir;
+use common::serve::{install_in_process, pinned_prog, test_run, wire, Installation, CTX};
 use qwen_bpf::{InstallConfig, Installed, RateLimit, Refusal};
 
 const XDP_DROP: u32 = 1;
@@ -78,49 +76,6 @@ impl<'a> Frame<'a> {
     }
 }
 
-/// Runs the pinned `ev_xdp` once on `frame`: its action and the frame it leaves.
-fn run(prog: &OwnedFd, frame: &[u8]) -> (u32, Vec<u8>) {
-    let mut out = vec![0u8; 4096];
-    // SAFETY: zeroed options, then the size and buffers of this call, which outlive it.
-    let mut opts: libbpf_sys::bpf_test_run_opts = unsafe { std::mem::zeroed() };
-    opts.sz = std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _;
-    opts.data_in = frame.as_ptr() as *const _;
-    opts.data_size_in = frame.len() as u32;
-    opts.data_out = out.as_mut_ptr() as *mut _;
-    opts.data_size_out = out.len() as u32;
-    opts.repeat = 1;
-    // SAFETY: a program fd and options whose buffers are live for the call.
-    let rc = unsafe { libbpf_sys::bpf_prog_test_run_opts(prog.as_raw_fd(), &mut opts) };
-    assert_eq!(
-        rc,
-        0,
-        "BPF_PROG_TEST_RUN of ev_xdp: {}",
-        std::io::Error::last_os_error()
-    );
-    out.truncate(opts.data_size_out as usize);
-    (opts.retval, out)
-}
-
-/// The pinned XDP program of installation `name`.
-fn pinned_xdp(name: &str) -> OwnedFd {
-    let path = std::ffi::CString::new(
-        pin_dir(name)
-            .join("ev_xdp")
-            .into_os_string()
-            .into_encoded_bytes(),
-    )
-    .unwrap();
-    // SAFETY: a NUL-terminated path.
-    let fd = unsafe { libbpf_sys::bpf_obj_get(path.as_ptr()) };
-    assert!(
-        fd >= 0,
-        "the pin of ev_xdp: {}",
-        std::io::Error::last_os_error()
-    );
-    // SAFETY: a new fd that nothing else owns.
-    unsafe { OwnedFd::from_raw_fd(fd) }
-}
-
 /// A reply frame's own lengths agree with its size, and it is no larger than `asked`.
 fn check_reply(asked: &[u8], reply: &[u8]) {
     assert!(
@@ -159,13 +114,13 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
     };
     install_in_process(&dir, name, 2, CTX, &cfg);
     let installed = Installed::open(name).unwrap();
-    let prog = pinned_xdp(name);
+    let prog = pinned_prog(name, "ev_xdp");
     let before = installed.status().unwrap();
 
     // an honest request of one token (20 bytes): ACCEPTED, as long as the request
     let request = wire::request(9_001, 1, &[785]);
     let honest = Frame::honest(&request, port).bytes();
-    let (act, out) = run(&prog, &honest);
+    let (act, out) = test_run(&prog, &honest);
     assert_eq!(act, XDP_TX, "an honest request is answered");
     check_reply(&honest, &out);
     assert_eq!(wire::word(&out[HDR..], 1), wire::ACCEPTED);
@@ -182,7 +137,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
     );
     // a poll carrying it is answered; a wrong cookie (one bit off, none) gets nothing, counted
     let good = Frame::honest(&wire::poll(9_001, 0, cookie), port).bytes();
-    let (act, out) = run(&prog, &good);
+    let (act, out) = test_run(&prog, &good);
     assert_eq!(act, XDP_TX, "a poll with the request's cookie is answered");
     check_reply(&good, &out);
     assert_ne!(
@@ -193,7 +148,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
     );
     for wrong in [cookie ^ 1, cookie ^ 1 << 63, 0] {
         let bytes = Frame::honest(&wire::poll(9_001, 0, wrong), port).bytes();
-        let (act, _) = run(&prog, &bytes);
+        let (act, _) = test_run(&prog, &bytes);
         assert_eq!(
             act, XDP_DROP,
             "a poll with cookie {wrong:#x} instead of {cookie:#x}"
@@ -207,7 +162,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
         ..Frame::honest(&request, port)
     }
     .bytes();
-    let (act, out) = run(&prog, &padded);
+    let (act, out) = test_run(&prog, &padded);
     assert_eq!(act, XDP_TX, "a padded frame is served");
     check_reply(&padded, &out);
 
@@ -232,7 +187,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
     ];
     for f in &forged {
         let bytes = f.bytes();
-        let (act, out) = run(&prog, &bytes);
+        let (act, out) = test_run(&prog, &bytes);
         assert_eq!(
             act,
             XDP_DROP,
@@ -248,7 +203,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
     // honest lengths, but shorter than every reply (20 bytes): no reply at all
     for payload in [&poll[..], &request[..16], &[][..]] {
         let bytes = Frame::honest(payload, port).bytes();
-        let (act, _) = run(&prog, &bytes);
+        let (act, _) = test_run(&prog, &bytes);
         assert_eq!(act, XDP_DROP, "a datagram of {} bytes", payload.len());
         unanswered += 1;
     }
@@ -257,7 +212,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
     let mut poll32 = wire::poll(424_242, 0, 0);
     poll32.truncate(32);
     let bytes = Frame::honest(&poll32, port).bytes();
-    let (act, out) = run(&prog, &bytes);
+    let (act, out) = test_run(&prog, &bytes);
     assert_eq!(act, XDP_TX);
     check_reply(&bytes, &out);
     assert_eq!(wire::word(&out[HDR..], 1), wire::REFUSED);
@@ -303,7 +258,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
     ];
     for (what, f) in &not_ours {
         let bytes = f.bytes();
-        let (act, out) = run(&prog, &bytes);
+        let (act, out) = test_run(&prog, &bytes);
         assert_eq!(act, XDP_PASS, "{what} passes to the stack");
         assert_eq!(out, bytes, "{what} passes untouched");
     }
@@ -349,7 +304,7 @@ fn ask(prog: &OwnedFd, src: Ipv4Addr, sport: u16, port: u16, payload: &[u8]) -> 
         ..Frame::honest(payload, port)
     }
     .bytes();
-    let (act, out) = run(prog, &bytes);
+    let (act, out) = test_run(prog, &bytes);
     if act == XDP_TX {
         check_reply(&bytes, &out);
     }
@@ -381,7 +336,7 @@ fn a_source_flooding_holds_one_slot_meets_its_rate_and_leaves_the_others_served(
     };
     install_in_process(&dir, name, 3, CTX, &cfg);
     let installed = Installed::open(name).unwrap();
-    let prog = pinned_xdp(name);
+    let prog = pinned_prog(name, "ev_xdp");
     let s = installed.status().unwrap();
     assert_eq!(
         s.per_source_slots, 1,

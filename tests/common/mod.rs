@@ -236,3 +236,19 @@ pub fn run(cmd: &mut std::process::Command) -> String {
     );
     stdout
 }
+
+/// A [`Filter`](qwen_bpf::filter::Filter) for `rule` over the model in `dir`, opened as the
+/// kernel filter needs it: the rule's context and slots, the tokenizer loaded.
+pub fn filter(
+    dir: &Path,
+    tok: &qwen_bpf::Tokenizer,
+    rule: qwen_bpf::filter::FilterRule,
+) -> qwen_bpf::filter::Filter {
+    let ctx = rule.compile(tok).unwrap().context_needed();
+    let opts = ModelOptions::default()
+        .with_max_context(ctx)
+        .with_event_slots(rule.slots as usize);
+    let mut model = open(dir, opts);
+    model.load_tokenizer(tok).unwrap();
+    qwen_bpf::filter::Filter::new(model, tok, rule).unwrap()
+}

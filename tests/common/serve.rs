@@ -268,3 +268,46 @@ pub fn install_in_process(dir: &Path, name: &str, slots: usize, ctx: usize, cfg:
     m.load_tokenizer(&tok).unwrap();
     m.install(name, cfg).unwrap();
 }
+
+/// The program `prog` pinned by the installation `name` (`bpf_obj_get`).
+pub fn pinned_prog(name: &str, prog: &str) -> std::os::fd::OwnedFd {
+    use libbpf_rs::libbpf_sys;
+    use std::os::fd::FromRawFd;
+    let path = qwen_bpf::run::serve::pin_dir(name).join(prog);
+    let c = std::ffi::CString::new(path.into_os_string().into_encoded_bytes()).unwrap();
+    // SAFETY: a NUL-terminated path.
+    let fd = unsafe { libbpf_sys::bpf_obj_get(c.as_ptr()) };
+    assert!(
+        fd >= 0,
+        "the pin of {prog}: {}",
+        std::io::Error::last_os_error()
+    );
+    // SAFETY: a new fd that nothing else owns.
+    unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }
+}
+
+/// Runs program `prog` once on `frame` with `BPF_PROG_TEST_RUN` (the frame goes in as bytes):
+/// its return value and the frame it leaves (at most 4 KiB).
+pub fn test_run(prog: &std::os::fd::OwnedFd, frame: &[u8]) -> (u32, Vec<u8>) {
+    use libbpf_rs::libbpf_sys;
+    use std::os::fd::AsRawFd;
+    let mut out = vec![0u8; 4096];
+    // SAFETY: zeroed options, then the size and buffers of this call, which outlive it.
+    let mut opts: libbpf_sys::bpf_test_run_opts = unsafe { std::mem::zeroed() };
+    opts.sz = std::mem::size_of::<libbpf_sys::bpf_test_run_opts>() as _;
+    opts.data_in = frame.as_ptr() as *const _;
+    opts.data_size_in = frame.len() as u32;
+    opts.data_out = out.as_mut_ptr() as *mut _;
+    opts.data_size_out = out.len() as u32;
+    opts.repeat = 1;
+    // SAFETY: a program fd and options whose buffers are live for the call.
+    let rc = unsafe { libbpf_sys::bpf_prog_test_run_opts(prog.as_raw_fd(), &mut opts) };
+    assert_eq!(
+        rc,
+        0,
+        "BPF_PROG_TEST_RUN: {}",
+        std::io::Error::last_os_error()
+    );
+    out.truncate(opts.data_size_out as usize);
+    (opts.retval, out)
+}
