@@ -13,6 +13,7 @@
 //! - a segment that ends a write (PSH) before the text is whole is judged on what came; on a
 //!   pass the flow reads on and is judged again on its whole text;
 //! - a source holding its slots (per_source) cannot take another, while another source can;
+//! - without `first_line`, a short request sent without PSH is held and judged all the same;
 //! - a drop verdict drops the flow's later segments.
 //!
 //! Needs root and BPF arenas (in the VMs' smoke suite where the host refuses them); fails, never
@@ -37,10 +38,10 @@ const ACK: u8 = 0x10;
 const PORT: u16 = 47_331;
 const SERVER: Ipv4Addr = Ipv4Addr::LOCALHOST;
 
-fn rule(action: &str) -> FilterRule {
+fn rule(action: &str, first_line: bool) -> FilterRule {
     FilterRule::from_json(&format!(
         r#"{{"interface": "lo", "protocol": "tcp", "ports": [{PORT}], "bytes": 64,
-        "first_line": true, "template": "Is this request good or bad?\n{{payload}}\nAnswer:",
+        "first_line": {first_line}, "template": "Is this request good or bad?\n{{payload}}\nAnswer:",
         "labels": [
           {{"name": "good", "text": " good", "action": "{action}"}},
           {{"name": "bad", "text": " bad request", "action": "{action}"}}
@@ -164,11 +165,11 @@ fn next_verdict(f: &InstalledFilter) -> VerdictRecord {
 fn tcp_flows_are_read_from_the_handshake_judged_whole_and_held_until_judged() {
     let dir = common::tiny_model_with_tokenizer("filter-tcp");
     let tok = Tokenizer::from_file(common::tokenizer_path()).unwrap();
-    let mut user = common::filter(&dir, &tok, rule("count"));
+    let mut user = common::filter(&dir, &tok, rule("count", true));
     let name = "test-filter-tcp";
     let _lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let _guard = Installation::new(name);
-    let f = common::filter(&dir, &tok, rule("count"))
+    let f = common::filter(&dir, &tok, rule("count", true))
         .install(name, &FilterInstall::default())
         .unwrap();
     let w = Wire {
@@ -349,6 +350,8 @@ fn tcp_flows_are_read_from_the_handshake_judged_whole_and_held_until_judged() {
     InstalledFilter::remove(name).unwrap();
 }
 
+/// Without `first_line`, a short request sent without PSH (as a raw sender may) is held and
+/// judged all the same; its drop verdict then drops the flow and its retransmissions.
 #[test]
 fn a_drop_verdict_drops_the_flow_and_its_retransmissions() {
     let dir = common::tiny_model_with_tokenizer("filter-tcp");
@@ -356,7 +359,8 @@ fn a_drop_verdict_drops_the_flow_and_its_retransmissions() {
     let name = "test-filter-tcp-drop";
     let _lock = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let _guard = Installation::new(name);
-    let f = common::filter(&dir, &tok, rule("drop"))
+    let mut user = common::filter(&dir, &tok, rule("drop", false));
+    let f = common::filter(&dir, &tok, rule("drop", false))
         .install(name, &FilterInstall::default())
         .unwrap();
     let w = Wire {
@@ -366,12 +370,18 @@ fn a_drop_verdict_drops_the_flow_and_its_retransmissions() {
     let a = Ipv4Addr::new(10, 0, 0, 9);
     w.handshake(a, 5000, 1, 2);
     let line = b"GET /evil HTTP/1.1\r\n";
-    assert_eq!(w.data(a, 5000, 2, 2, PSH, line), XDP_DROP, "held");
+    assert_eq!(
+        w.data(a, 5000, 2, 2, 0, line),
+        XDP_DROP,
+        "held, though short of `bytes` and without PSH"
+    );
     let r = next_verdict(&f);
-    assert_eq!(&r.excerpt[..], b"GET /evil HTTP/1.1");
+    assert_eq!(&r.excerpt[..], line, "judged on the whole request");
+    let want = user.classify(line).unwrap();
+    assert_eq!((r.label, r.score_q16), (want.label, want.score_q16));
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(
-        w.data(a, 5000, 2, 2, PSH, line),
+        w.data(a, 5000, 2, 2, 0, line),
         XDP_DROP,
         "the retransmission meets the verdict"
     );

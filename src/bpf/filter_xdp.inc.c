@@ -11,9 +11,10 @@
  * that number (which a sender that cannot see the SYN-ACK cannot give) makes the flow an
  * flt_flows entry, FLT_OPEN. Only then are its bytes read: in order (a segment past the next
  * expected byte is dropped, and TCP sends it again), with a valid checksum (else dropped, never
- * read), into a classification slot (at most per_source per source address). A segment that
- * neither fills the text nor ends a write passes to the server. The one that completes the text
- * (`bytes` read, or with first_line its line ended), or that ends a write (PSH), is held:
+ * read), into a classification slot (at most per_source per source address). With first_line,
+ * a segment that neither ends the line nor ends a write passes to the server; without it, none
+ * that brings text does. The one that completes the text (`bytes` read, or with first_line its
+ * line ended), that ends a write (PSH), or any without first_line, is held:
  * dropped while the flow is judged on all its text so far, so that TCP sends it again to meet
  * the verdict, and only with the bytes that were judged (a keyed hash of them is kept). A pass
  * verdict on a text not yet whole lets the flow read on, to be judged again on more. Data with
@@ -180,20 +181,32 @@ bad:
 		slot = flt_claim(key, now);
 		if (slot == FLT_NO_SLOT)
 			return flt_tcp_overflow(f, f->acc != 0);
-		f->slot = slot;
 		claimed = 1;
 	}
 	s = bpf_map_lookup_elem(&flt_slots, &slot);
+	/* a claim is the flow's only if no other CPU gave it one meanwhile */
+	if (claimed && s && __sync_val_compare_and_swap(&f->slot, FLT_NO_SLOT, slot) != FLT_NO_SLOT) {
+		__sync_lock_test_and_set(&s->state, EV_FREE);
+		return flt_policy(FLT_DROP);
+	}
 	if (!s)
 		return flt_tcp_overflow(f, 1);
 	if (!claimed) {
 		/* the flow's slot, unless it was taken back: then its text is lost */
-		if (__sync_val_compare_and_swap(&s->state, FLT_ACCUM, EV_CLAIMED) != FLT_ACCUM)
+		d = __sync_val_compare_and_swap(&s->state, FLT_ACCUM, EV_CLAIMED);
+		if (d == EV_CLAIMED) /* another CPU reads this flow now: TCP sends this again */
+			return flt_policy(FLT_DROP);
+		if (d != FLT_ACCUM)
 			return flt_tcp_overflow(f, 1);
 		if (s->key.saddr != key->saddr || s->key.sport != key->sport ||
 		    s->key.daddr != key->daddr || s->key.dport != key->dport) {
 			__sync_lock_test_and_set(&s->state, FLT_ACCUM);
 			return flt_tcp_overflow(f, 1);
+		}
+		/* the slot held: read again what another CPU may have added before the claim */
+		if (f->isn + 1 + f->acc != next) {
+			__sync_lock_test_and_set(&s->state, FLT_ACCUM);
+			return flt_policy(FLT_DROP);
 		}
 	}
 	d = next - seq;
@@ -213,7 +226,9 @@ bad:
 	s->w.n_payload = f->acc;
 	s->t0 = now;
 	f->complete = f->acc >= flt_cfg.bytes || (flt_cfg.first_line && line);
-	if (!f->complete && !(th[13] & TCP_PSH)) {
+	/* Without first_line every segment that brings text is held and judged on the text so far:
+	 * a sender may leave PSH off, and a server acts on what it has read, not on PSH. */
+	if (!f->complete && !(th[13] & TCP_PSH) && flt_cfg.first_line) {
 		__sync_lock_test_and_set(&s->state, FLT_ACCUM);
 		return XDP_PASS;
 	}
