@@ -14,7 +14,7 @@
 //!   pass the flow reads on and is judged again on its whole text;
 //! - a source holding its slots (per_source) cannot take another, while another source can;
 //! - without `first_line`, a short request sent without PSH is held and judged all the same;
-//! - a drop verdict drops the flow's later segments.
+//! - a drop verdict drops the flow's later segments, and its segments sent in IPv4 fragments.
 //!
 //! Needs root and BPF arenas (in the VMs' smoke suite where the host refuses them); fails, never
 //! skips, without them.
@@ -26,15 +26,12 @@ use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use common::serve::{eventually, pinned_prog, test_run, Installation};
+use common::wire::{Segment, ACK, FIN, PSH, SYN};
 use qwen_bpf::filter::{FilterInstall, FilterRule, InstalledFilter, VerdictRecord};
 use qwen_bpf::Tokenizer;
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
-const FIN: u8 = 0x01;
-const SYN: u8 = 0x02;
-const PSH: u8 = 0x08;
-const ACK: u8 = 0x10;
 const PORT: u16 = 47_331;
 const SERVER: Ipv4Addr = Ipv4Addr::LOCALHOST;
 
@@ -50,8 +47,8 @@ fn rule(action: &str, first_line: bool) -> FilterRule {
     .expect("a valid rule")
 }
 
-/// An Ethernet frame carrying an IPv4 TCP segment from `src`:`sport` to the server, with a
-/// correct checksum unless `corrupt`.
+/// An Ethernet frame (loopback's: zero addresses) carrying an IPv4 TCP segment from
+/// `src`:`sport` to the server, with a correct checksum unless `corrupt`.
 fn segment(
     src: Ipv4Addr,
     sport: u16,
@@ -61,48 +58,30 @@ fn segment(
     payload: &[u8],
     corrupt: bool,
 ) -> Vec<u8> {
-    let tcp_len = 20 + payload.len();
-    let mut f = vec![0u8; 12];
-    f.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
-    f.extend_from_slice(&((20 + tcp_len) as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 1, 0x40, 0, 64, 6, 0, 0]);
-    f.extend_from_slice(&src.octets());
-    f.extend_from_slice(&SERVER.octets());
-    let t = f.len();
-    f.extend_from_slice(&sport.to_be_bytes());
-    f.extend_from_slice(&PORT.to_be_bytes());
-    f.extend_from_slice(&seq.to_be_bytes());
-    f.extend_from_slice(&ack.to_be_bytes());
-    f.extend_from_slice(&[0x50, flags, 0xff, 0xff, 0, 0, 0, 0]);
-    f.extend_from_slice(payload);
-    // the checksum: the pseudo-header (addresses, protocol, length) and the segment
-    let mut sum: u32 = 6 + tcp_len as u32;
-    for a in [src.octets(), SERVER.octets()] {
-        sum += u16::from_be_bytes([a[0], a[1]]) as u32 + u16::from_be_bytes([a[2], a[3]]) as u32;
-    }
-    for c in f[t..].chunks(2) {
-        sum += u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32;
-    }
-    while sum >> 16 != 0 {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    let csum = !(sum as u16) ^ if corrupt { 0x0101 } else { 0 };
-    f[t + 16..t + 18].copy_from_slice(&csum.to_be_bytes());
-    f
+    let s = Segment {
+        src: (src, sport),
+        dst: (SERVER, PORT),
+        seq,
+        ack,
+        flags,
+        payload,
+        corrupt,
+    };
+    s.frame([0; 6], [0; 6])
 }
 
 /// The server's SYN-ACK to `client`:`cport`, leaving.
 fn syn_ack(client: Ipv4Addr, cport: u16, seq: u32, ack: u32) -> Vec<u8> {
-    let mut f = vec![0u8; 12];
-    f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 40, 0, 1, 0x40, 0, 64, 6, 0, 0]);
-    f.extend_from_slice(&SERVER.octets());
-    f.extend_from_slice(&client.octets());
-    f.extend_from_slice(&PORT.to_be_bytes());
-    f.extend_from_slice(&cport.to_be_bytes());
-    f.extend_from_slice(&seq.to_be_bytes());
-    f.extend_from_slice(&ack.to_be_bytes());
-    f.extend_from_slice(&[0x50, SYN | ACK, 0xff, 0xff, 0, 0, 0, 0]);
-    f
+    let s = Segment {
+        src: (SERVER, PORT),
+        dst: (client, cport),
+        seq,
+        ack,
+        flags: SYN | ACK,
+        payload: b"",
+        corrupt: false,
+    };
+    s.frame([0; 6], [0; 6])
 }
 
 /// Runs a pinned program once on `frame`: its return value.
@@ -389,8 +368,38 @@ fn a_drop_verdict_drops_the_flow_and_its_retransmissions() {
         w.data(a, 5000, 2 + line.len() as u32, 2, FIN, b""),
         XDP_DROP
     );
+    // the flow's request in IPv4 fragments: the first carries the ports and meets the flow's
+    // drop verdict, the later ones the same; a later fragment whose first was never seen meets
+    // `pending` (drop); fragments to another port pass
+    let seg = |dport: u16, src: (Ipv4Addr, u16)| Segment {
+        src,
+        dst: (SERVER, dport),
+        seq: 2,
+        ack: 3,
+        flags: ACK | PSH,
+        payload: line,
+        corrupt: false,
+    };
+    let frags = seg(PORT, (a, 5000)).fragments([0; 6], [0; 6], 16);
+    for fr in &frags {
+        assert_eq!(
+            run(&w.xdp, fr),
+            XDP_DROP,
+            "a fragment of a flow judged drop"
+        );
+    }
+    let orphan = &seg(PORT, (Ipv4Addr::new(10, 0, 0, 10), 5001)).fragments([0; 6], [0; 6], 16)[1];
+    assert_eq!(
+        run(&w.xdp, orphan),
+        XDP_DROP,
+        "a fragment without its first"
+    );
+    for fr in seg(PORT + 1, (a, 5000)).fragments([0; 6], [0; 6], 16) {
+        assert_eq!(run(&w.xdp, &fr), XDP_PASS, "another port's fragment");
+    }
     let s = f.status().unwrap();
-    assert_eq!(s.labels[r.label].packets, 2, "{s:?}");
+    assert_eq!(s.fragments, frags.len() as u64 + 1, "{s:?}");
+    assert_eq!(s.labels[r.label].packets, 2 + frags.len() as u64, "{s:?}");
     assert_eq!(s.slots_busy, 0, "a final verdict frees the slot");
     drop(f);
     InstalledFilter::remove(name).unwrap();

@@ -5,7 +5,8 @@
 //! shorter than every reply); fragments and datagrams to other addresses or from other sources
 //! pass to the stack untouched; every reply's lengths agree with its frame; every unanswered
 //! datagram is counted; the server cookie is SipHash-2-4 of what it binds, and a poll without it
-//! gets nothing.
+//! gets nothing. On a veth pair, a client writing its own frames through a packet socket meets
+//! the same limits on a real link, and a flooding source leaves a second one served.
 //!
 //! Needs root and BPF arenas (in the VMs' smoke suite where the host refuses them); fails, never
 //! skips, without them.
@@ -17,6 +18,7 @@ use std::os::fd::OwnedFd;
 use std::time::Duration;
 
 use common::serve::{install_in_process, pinned_prog, test_run, wire, Installation, CTX};
+use common::wire::Udp;
 use qwen_bpf::{InstallConfig, Installed, RateLimit, Refusal};
 
 const XDP_DROP: u32 = 1;
@@ -25,55 +27,16 @@ const XDP_TX: u32 = 3;
 /// Ethernet, IPv4 without options, UDP.
 const HDR: usize = 14 + 20 + 8;
 
-/// A frame as a sender forges it: `payload` in UDP from 127.0.0.1:`sport` to `dst`:`dport`, with
-/// the IPv4 total length, UDP length and fragment field given (not computed), `pad` bytes of
-/// Ethernet padding after the datagram.
-struct Frame<'a> {
-    payload: &'a [u8],
-    src: Ipv4Addr,
-    dst: Ipv4Addr,
-    sport: u16,
-    dport: u16,
-    ip_len: u16,
-    udp_len: u16,
-    frag: u16,
-    pad: usize,
+/// An honest datagram from 127.0.0.1:40000 to 127.0.0.1:`dport` (lengths that agree, no
+/// fragment bits, no padding), whose fields a test then forges.
+fn honest(payload: &[u8], dport: u16) -> Udp<'_> {
+    let lo = Ipv4Addr::LOCALHOST;
+    Udp::honest((lo, 40_000), (lo, dport), payload)
 }
 
-impl<'a> Frame<'a> {
-    /// An honest frame: lengths that agree, no fragment bits, no padding.
-    fn honest(payload: &'a [u8], dport: u16) -> Frame<'a> {
-        Frame {
-            payload,
-            src: Ipv4Addr::LOCALHOST,
-            dst: Ipv4Addr::LOCALHOST,
-            sport: 40_000,
-            dport,
-            ip_len: (20 + 8 + payload.len()) as u16,
-            udp_len: (8 + payload.len()) as u16,
-            frag: 0,
-            pad: 0,
-        }
-    }
-
-    fn bytes(&self) -> Vec<u8> {
-        let mut f = vec![0u8; 12];
-        f.extend_from_slice(&[0x08, 0x00]);
-        f.extend_from_slice(&[0x45, 0]);
-        f.extend_from_slice(&self.ip_len.to_be_bytes());
-        f.extend_from_slice(&[0, 1]);
-        f.extend_from_slice(&self.frag.to_be_bytes());
-        f.extend_from_slice(&[64, 17, 0, 0]);
-        f.extend_from_slice(&self.src.octets());
-        f.extend_from_slice(&self.dst.octets());
-        f.extend_from_slice(&self.sport.to_be_bytes());
-        f.extend_from_slice(&self.dport.to_be_bytes());
-        f.extend_from_slice(&self.udp_len.to_be_bytes());
-        f.extend_from_slice(&[0, 0]);
-        f.extend_from_slice(self.payload);
-        f.resize(f.len() + self.pad, 0);
-        f
-    }
+/// The frame of `u` as loopback carries it (a zero Ethernet header).
+fn lo_frame(u: &Udp) -> Vec<u8> {
+    u.frame([0; 6], [0; 6])
 }
 
 /// A reply frame's own lengths agree with its size, and it is no larger than `asked`.
@@ -119,10 +82,10 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
 
     // an honest request of one token (20 bytes): ACCEPTED, as long as the request
     let request = wire::request(9_001, 1, &[785]);
-    let honest = Frame::honest(&request, port).bytes();
-    let (act, out) = test_run(&prog, &honest);
+    let asked = lo_frame(&honest(&request, port));
+    let (act, out) = test_run(&prog, &asked);
     assert_eq!(act, XDP_TX, "an honest request is answered");
-    check_reply(&honest, &out);
+    check_reply(&asked, &out);
     assert_eq!(wire::word(&out[HDR..], 1), wire::ACCEPTED);
 
     // its cookie: SipHash-2-4, under the installation's key, of the client's address and port,
@@ -136,7 +99,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
         "the kernel's cookie equals the standard library's SipHash-2-4"
     );
     // a poll carrying it is answered; a wrong cookie (one bit off, none) gets nothing, counted
-    let good = Frame::honest(&wire::poll(9_001, 0, cookie), port).bytes();
+    let good = lo_frame(&honest(&wire::poll(9_001, 0, cookie), port));
     let (act, out) = test_run(&prog, &good);
     assert_eq!(act, XDP_TX, "a poll with the request's cookie is answered");
     check_reply(&good, &out);
@@ -147,7 +110,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
         &out[HDR..]
     );
     for wrong in [cookie ^ 1, cookie ^ 1 << 63, 0] {
-        let bytes = Frame::honest(&wire::poll(9_001, 0, wrong), port).bytes();
+        let bytes = lo_frame(&honest(&wire::poll(9_001, 0, wrong), port));
         let (act, _) = test_run(&prog, &bytes);
         assert_eq!(
             act, XDP_DROP,
@@ -157,11 +120,10 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
 
     // Ethernet padding past the datagram (a 60-byte minimum on real links) is allowed
     let request = wire::request(9_002, 1, &[785]);
-    let padded = Frame {
+    let padded = lo_frame(&Udp {
         pad: 18,
-        ..Frame::honest(&request, port)
-    }
-    .bytes();
+        ..honest(&request, port)
+    });
     let (act, out) = test_run(&prog, &padded);
     assert_eq!(act, XDP_TX, "a padded frame is served");
     check_reply(&padded, &out);
@@ -171,22 +133,22 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
     let poll = &wire::poll(9_001, 0, cookie)[..12];
     let mut unanswered = 0;
     let forged = [
-        Frame {
+        Udp {
             udp_len: 1_052,
-            ..Frame::honest(poll, port)
+            ..honest(poll, port)
         },
-        Frame {
+        Udp {
             udp_len: 1_052,
             ip_len: 1_072,
-            ..Frame::honest(poll, port)
+            ..honest(poll, port)
         },
-        Frame {
+        Udp {
             udp_len: 8 + 4,
-            ..Frame::honest(&request, port)
+            ..honest(&request, port)
         },
     ];
     for f in &forged {
-        let bytes = f.bytes();
+        let bytes = lo_frame(f);
         let (act, out) = test_run(&prog, &bytes);
         assert_eq!(
             act,
@@ -202,7 +164,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
 
     // honest lengths, but shorter than every reply (20 bytes): no reply at all
     for payload in [&poll[..], &request[..16], &[][..]] {
-        let bytes = Frame::honest(payload, port).bytes();
+        let bytes = lo_frame(&honest(payload, port));
         let (act, _) = test_run(&prog, &bytes);
         assert_eq!(act, XDP_DROP, "a datagram of {} bytes", payload.len());
         unanswered += 1;
@@ -211,7 +173,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
     // a poll padded to 32 bytes for an unknown id: REFUSED, no larger than it
     let mut poll32 = wire::poll(424_242, 0, 0);
     poll32.truncate(32);
-    let bytes = Frame::honest(&poll32, port).bytes();
+    let bytes = lo_frame(&honest(&poll32, port));
     let (act, out) = test_run(&prog, &bytes);
     assert_eq!(act, XDP_TX);
     check_reply(&bytes, &out);
@@ -221,43 +183,43 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
     let not_ours = [
         (
             "a first fragment (MF)",
-            Frame {
+            Udp {
                 frag: 0x2000,
-                ..Frame::honest(&request, port)
+                ..honest(&request, port)
             },
         ),
         (
             "a later fragment",
-            Frame {
+            Udp {
                 frag: 0x0010,
-                ..Frame::honest(&request, port)
+                ..honest(&request, port)
             },
         ),
         (
             "to 127.0.0.2",
-            Frame {
-                dst: Ipv4Addr::new(127, 0, 0, 2),
-                ..Frame::honest(&request, port)
+            Udp {
+                dst: (Ipv4Addr::new(127, 0, 0, 2), port),
+                ..honest(&request, port)
             },
         ),
         (
             "to a broadcast",
-            Frame {
-                dst: Ipv4Addr::BROADCAST,
-                ..Frame::honest(&request, port)
+            Udp {
+                dst: (Ipv4Addr::BROADCAST, port),
+                ..honest(&request, port)
             },
         ),
         (
             "from 10.0.0.1",
-            Frame {
-                src: Ipv4Addr::new(10, 0, 0, 1),
-                ..Frame::honest(&request, port)
+            Udp {
+                src: (Ipv4Addr::new(10, 0, 0, 1), 40_000),
+                ..honest(&request, port)
             },
         ),
-        ("to another port", Frame::honest(&request, port + 1)),
+        ("to another port", honest(&request, port + 1)),
     ];
     for (what, f) in &not_ours {
-        let bytes = f.bytes();
+        let bytes = lo_frame(f);
         let (act, out) = test_run(&prog, &bytes);
         assert_eq!(act, XDP_PASS, "{what} passes to the stack");
         assert_eq!(out, bytes, "{what} passes untouched");
@@ -298,12 +260,10 @@ fn siphash(key: [u64; 2], addr: Ipv4Addr, port: u16, request: u32, generation: u
 
 /// A request from `src`:`sport` through the pinned program: its action and reply words.
 fn ask(prog: &OwnedFd, src: Ipv4Addr, sport: u16, port: u16, payload: &[u8]) -> (u32, Vec<u32>) {
-    let bytes = Frame {
-        src,
-        sport,
-        ..Frame::honest(payload, port)
-    }
-    .bytes();
+    let bytes = lo_frame(&Udp {
+        src: (src, sport),
+        ..honest(payload, port)
+    });
     let (act, out) = test_run(prog, &bytes);
     if act == XDP_TX {
         check_reply(&bytes, &out);
@@ -316,6 +276,21 @@ fn ask(prog: &OwnedFd, src: Ipv4Addr, sport: u16, port: u16, payload: &[u8]) -> 
     (act, words)
 }
 
+/// Two tokens a request, for `sources` on `interface`: a poll timeout long enough that a
+/// flooder's unpolled slot is still its own at the end, and a rate of a token each 10 s after a
+/// burst of 4, so that none comes back while a test runs.
+fn flood_config(interface: &str, port: u16, sources: Vec<Ipv4Addr>) -> InstallConfig {
+    InstallConfig {
+        max_new: 2,
+        timeout: Duration::from_secs(60),
+        rate: Some(RateLimit {
+            per_second: 0.1,
+            burst: 4,
+        }),
+        ..InstallConfig::on_interface(interface, port, sources)
+    }
+}
+
 #[test]
 fn a_source_flooding_holds_one_slot_meets_its_rate_and_leaves_the_others_served() {
     let _serial = serial();
@@ -323,17 +298,7 @@ fn a_source_flooding_holds_one_slot_meets_its_rate_and_leaves_the_others_served(
     let (name, port) = ("test-net-flood", 47_341u16);
     let _cleanup = Installation::new(name);
     let (flooder, other) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::LOCALHOST);
-    let cfg = InstallConfig {
-        max_new: 2,
-        // long enough that the flooder's unpolled slot is still its own at the end
-        timeout: Duration::from_secs(60),
-        // a token each 10 s: none comes back while the test runs
-        rate: Some(RateLimit {
-            per_second: 0.1,
-            burst: 4,
-        }),
-        ..InstallConfig::on_interface("lo", port, vec![other, flooder])
-    };
+    let cfg = flood_config("lo", port, vec![other, flooder]);
     install_in_process(&dir, name, 3, CTX, &cfg);
     let installed = Installed::open(name).unwrap();
     let prog = pinned_prog(name, "ev_xdp");
@@ -418,4 +383,128 @@ fn a_source_flooding_holds_one_slot_meets_its_rate_and_leaves_the_others_served(
         shown.contains("per source: 1 slots at most; rate 0.1 requests/s, bursts of 4"),
         "{shown}"
     );
+}
+
+/// The installed model on a real link: a client on a veth pair writes every frame itself (spoofed
+/// served addresses, a forged UDP length, guessed cookies, a replay, a flood from 40 ports) and
+/// every frame that comes back is checked against the frame that asked for it.
+#[test]
+fn on_a_veth_end_a_spoofer_gets_no_text_and_no_reply_outgrows_its_request() {
+    use common::netns::{attach_xdp_pass, Veth};
+    use common::wire::{mac, PacketSocket};
+
+    let _serial = serial();
+    let dir = common::tiny_model_with_tokenizer("netsafe-veth");
+    let (name, port) = ("test-net-veth", 47_351u16);
+    let veth = Veth::new("qbpf-netsafe", "qbn-h", "qbn-n", [10, 208, 0]);
+    // a client writes every frame itself from the namespace's end; the server's XDP_TX replies
+    // come back to it (a veth end receives them only with an XDP program of its own)
+    let sock = veth.run(|| {
+        let name = std::ffi::CString::new(veth.peer).unwrap();
+        // SAFETY: a NUL-terminated name.
+        attach_xdp_pass(unsafe { libc::if_nametoindex(name.as_ptr()) } as i32);
+        PacketSocket::open(veth.peer)
+    });
+    let (me, server_mac) = (mac(Some(veth.ns), veth.peer), mac(None, veth.host));
+    let server = (veth.host_addr, port);
+    // two served sources, neither configured in the namespace: the flooder and a victim whose
+    // address a spoofer also uses
+    let (flooder, victim) = (Ipv4Addr::new(10, 208, 0, 10), Ipv4Addr::new(10, 208, 0, 11));
+    let _cleanup = Installation::new(name);
+    let cfg = flood_config(veth.host, port, vec![flooder, victim]);
+    install_in_process(&dir, name, 3, CTX, &cfg);
+    let installed = Installed::open(name).unwrap();
+
+    // Sends `u` on the link; the reply frame to its source, if one comes within `wait`, is
+    // checked to be no larger than the frame sent and its lengths to agree with its size.
+    let exchange = |u: &Udp, wait: Duration| -> Option<Vec<u8>> {
+        let sent = u.frame(me, server_mac);
+        sock.send(&sent);
+        let end = std::time::Instant::now() + wait;
+        loop {
+            let f = sock.recv(end.saturating_duration_since(std::time::Instant::now()))?;
+            if f.len() >= HDR && f[23] == 17 && f[30..34] == u.src.0.octets()[..] {
+                let dport = u16::from_be_bytes([f[36], f[37]]);
+                if dport == u.src.1 {
+                    check_reply(&sent, &f);
+                    return Some(f[HDR..].to_vec());
+                }
+            }
+        }
+    };
+    let quiet = Duration::from_millis(500);
+    let answer = Duration::from_secs(10);
+
+    // 1. a 12-byte poll whose UDP length claims 1,052 bytes: nothing comes back
+    let poll12 = &wire::poll(1, 0, 0)[..12];
+    let forged = Udp {
+        udp_len: 1_052,
+        ..Udp::honest((flooder, 40_000), server, poll12)
+    };
+    assert_eq!(exchange(&forged, quiet), None, "a forged UDP length");
+
+    // 2. the victim's request: ACCEPTED with a cookie, no larger than the request
+    let request = |id: u32| wire::request(id, 2, &[785]);
+    let req = request(7);
+    let r = exchange(&Udp::honest((victim, 41_000), server, &req), answer).expect("ACCEPTED");
+    assert_eq!(wire::word(&r, 1), wire::ACCEPTED);
+    let cookie = u64::from(wire::word(&r, 4)) << 32 | u64::from(wire::word(&r, 3));
+
+    // 3. a spoofer polls the victim's request from the victim's address and port without the
+    // cookie, or with a guess: no reply at all (no TEXT, no FINAL)
+    for guess in [0, 1, cookie ^ 1, cookie ^ 1 << 40] {
+        let p = wire::poll(7, 0, guess);
+        let got = exchange(&Udp::honest((victim, 41_000), server, &p), quiet);
+        assert_eq!(got, None, "a poll with cookie {guess:#x}");
+    }
+
+    // a replay of the victim's request (from its address: a reply to anyone else would be an
+    // amplifier): its ACCEPTED again, with the same cookie, to the victim; no second slot
+    let r = exchange(&Udp::honest((victim, 41_000), server, &req), answer).expect("a repeat");
+    let again = u64::from(wire::word(&r, 4)) << 32 | u64::from(wire::word(&r, 3));
+    assert_eq!((wire::word(&r, 1), again), (wire::ACCEPTED, cookie));
+    assert_eq!(installed.status().unwrap().repeats, 1);
+
+    // 4. the flooder from 40 ports: one slot, three refusals, then its rate drops it unanswered
+    let mut answered = 0;
+    for i in 0..40u16 {
+        let req = request(100 + u32::from(i));
+        let wait = if i < 4 {
+            answer
+        } else {
+            Duration::from_millis(50)
+        };
+        if exchange(&Udp::honest((flooder, 50_000 + i), server, &req), wait).is_some() {
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 4, "the flooder's slot and its burst's refusals");
+
+    // 5. the victim, with its cookie, is served to FINAL while the flooder goes on
+    let mut offset = 0;
+    let finished = common::serve::eventually(Duration::from_secs(60), || {
+        let req = request(200);
+        exchange(
+            &Udp::honest((flooder, 51_000), server, &req),
+            Duration::ZERO,
+        );
+        let p = wire::poll(7, offset, cookie);
+        let r = exchange(&Udp::honest((victim, 41_000), server, &p), answer).expect("a reply");
+        match wire::word(&r, 1) {
+            wire::TEXT => {
+                offset += wire::word(&r, 4);
+                false
+            }
+            wire::FINAL => true,
+            k => panic!("the victim's poll answered {k}: {:?}", &r[..20]),
+        }
+    });
+    assert!(
+        finished,
+        "the victim's request ends while the flooder floods"
+    );
+    let s = installed.status().unwrap();
+    assert_eq!(s.accepted, 2, "{s}");
+    assert!(s.bad_cookie >= 4, "the spoofer's polls: {s}");
+    assert!(s.rate_limited >= 36, "{s}");
 }

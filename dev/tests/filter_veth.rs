@@ -18,14 +18,13 @@ mod common;
 
 use std::collections::HashMap;
 use std::io::{ErrorKind, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::netns::{link_exists, native_xdp, netns_exists, Veth};
+use common::http::HttpServer;
+use common::netns::{link_exists, native_xdp, netns_exists, tx_checksum_off, Veth};
 use common::serve::{eventually, Installation};
 use qwen_bpf::filter::{Filter, FilterRule, InstalledFilter};
 use qwen_bpf::kernel::pins::map_exists;
@@ -41,80 +40,6 @@ const STEPS: &str = "200";
 /// How long a malicious flow's client waits for an answer after its verdict: several of TCP's
 /// retransmissions (200 ms, then doubling).
 const SILENCE: Duration = Duration::from_secs(3);
-
-/// An HTTP/1.1 server on `addr`: a thread per connection reads the request head and answers
-/// `200 OK`; the requests it read are recorded.
-struct HttpServer {
-    stop: Arc<AtomicBool>,
-    got: Arc<Mutex<Vec<Vec<u8>>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl HttpServer {
-    fn start(addr: SocketAddr) -> HttpServer {
-        let listener = TcpListener::bind(addr).unwrap();
-        listener.set_nonblocking(true).unwrap();
-        let stop = Arc::new(AtomicBool::new(false));
-        let got = Arc::new(Mutex::new(Vec::new()));
-        let (s, g) = (stop.clone(), got.clone());
-        let thread = std::thread::spawn(move || {
-            while !s.load(Ordering::Relaxed) {
-                match listener.accept() {
-                    Ok((conn, _)) => {
-                        let g = g.clone();
-                        std::thread::spawn(move || answer(conn, &g));
-                    }
-                    Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(5))
-                    }
-                    Err(e) => panic!("accept: {e}"),
-                }
-            }
-        });
-        HttpServer {
-            stop,
-            got,
-            thread: Some(thread),
-        }
-    }
-
-    /// The requests read so far.
-    fn requests(&self) -> Vec<Vec<u8>> {
-        self.got.lock().unwrap().clone()
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// Reads a request head (up to its empty line) from `conn`, records it and answers 200.
-fn answer(mut conn: TcpStream, got: &Mutex<Vec<Vec<u8>>>) {
-    conn.set_nonblocking(false).unwrap();
-    conn.set_read_timeout(Some(Duration::from_secs(20)))
-        .unwrap();
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match conn.read(&mut buf) {
-            Ok(0) | Err(_) => return, // a flow the filter dropped: nothing came
-            Ok(n) => head.extend_from_slice(&buf[..n]),
-        }
-    }
-    got.lock().unwrap().push(head);
-    let body = b"ok\n";
-    let reply = format!(
-        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        body.len()
-    );
-    let _ = conn.write_all(reply.as_bytes());
-    let _ = conn.write_all(body);
-}
 
 /// What a client saw: its port, and the server's answer or the error its read ended with.
 struct Exchange {
@@ -257,6 +182,9 @@ fn the_filter_on_a_veth_end_drops_malicious_flows_and_logs_the_user_space_verdic
 
     // each payload on its own connection, the next once the last is judged
     let exchanges: Vec<Exchange> = veth.run(|| {
+        // full checksums on the client's segments: the filter reads only segments whose
+        // checksum is right, and a veth's offload leaves them partly computed
+        tx_checksum_off(veth.peer);
         let mut ex = Vec::new();
         for (i, (payload, v)) in chosen.iter().enumerate() {
             let mut c = TcpStream::connect_timeout(&server_addr, Duration::from_secs(5)).unwrap();

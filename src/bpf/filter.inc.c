@@ -13,7 +13,11 @@
  *     records the flow as pending, starts the slot's workqueue item and gets the pending policy.
  *     With every slot busy it gets the overflow policy, counted, and the flow stays unknown (its
  *     next packet with a payload tries again). The fast path never waits for the model.
- * IPv4 fragments (whose ports are in the first fragment only) get the pending policy, counted.
+ * IPv4 fragments (whose ports are in the first fragment only): the first, which carries them,
+ * gets its flow's verdict (UDP; for TCP a drop verdict only, since a fragment's bytes cannot be
+ * checked) or else the pending policy, and what it got is remembered by datagram (flt_frags),
+ * so that the later fragments get the same; a later fragment whose first was not seen gets the
+ * pending policy. Fragments of other ports pass. All counted.
  *
  * The worker (flt_work, process context) runs flt_step until the classification is over, one
  * gen_run segment per round (each within the generation's time budget), requeueing itself:
@@ -41,6 +45,7 @@
 #define FLT_STEPS_MAX 32         /* label steps: at least FLT_LABELS_MAX * (FLT_LABEL_TOKENS_MAX - 1),
 				  * a power of two */
 #define FLT_FLOWS 65536          /* entries of the flow table (LRU) */
+#define FLT_FRAGS 4096           /* fragmented datagrams remembered (LRU) */
 #define FLT_NAME_MAX 32          /* bytes of a label's name */
 #define FLT_EXCERPT 64           /* payload bytes a verdict record carries */
 #define LN2_Q16 45426            /* ln 2 in Q16, rounded */
@@ -145,6 +150,24 @@ struct flt_flow {
 	u32 held_lo, held_hi;           /* the last judged segment's new bytes (sequence range) */
 	u64 held_hash;                  /* their keyed hash: a retransmission must carry them */
 };
+
+/* A fragmented datagram (IPv4's identification is per source, destination and protocol) and
+ * what its first fragment met: a label (< FLT_LABELS_MAX), FLT_FRAG_PENDING or FLT_FRAG_OTHER. */
+struct flt_frag_key {
+	u32 saddr, daddr;               /* network order */
+	u16 id, pad;
+	u32 proto;
+};
+
+#define FLT_FRAG_PENDING FLT_LABELS_MAX          /* no verdict: the pending policy */
+#define FLT_FRAG_OTHER (FLT_LABELS_MAX + 1)      /* not the rule's port: passes */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, FLT_FRAGS);
+	__type(key, struct flt_frag_key);
+	__type(value, u32);
+} flt_frags SEC(".maps");
 
 /* A TCP handshake under way (a table apart, so that a flood of SYNs, spoofed or not, evicts
  * only other handshakes, never a flow being read or judged). */

@@ -370,6 +370,64 @@ int flt_egress(struct __sk_buff *skb)
 	return TC_ACT_OK;
 }
 
+/* An IPv4 fragment (offset or more-fragments set) from a source the rule covers; `h`: the frame's
+ * Ethernet and IPv4 headers (ihl, tot as flt_xdp read them). The first fragment carries the
+ * ports: its flow's verdict (a UDP one younger than the TTL; for TCP only a drop, since no
+ * fragment's bytes can be checked) or the pending policy, remembered for the datagram's later
+ * fragments, which get the same. */
+static __noinline int flt_fragment(struct xdp_md *ctx, const u8 *h, u32 ihl, u32 tot)
+{
+	struct flt_frag_key k = {};
+	struct flt_key key = {};
+	struct flt_flow *f;
+	u32 *seen, l = FLT_FRAG_PENDING, ok = 0;
+	u8 ports[4];
+
+	__builtin_memcpy(&k.saddr, &h[14 + 12], 4);
+	__builtin_memcpy(&k.daddr, &h[14 + 16], 4);
+	__builtin_memcpy(&k.id, &h[14 + 4], 2);
+	k.proto = flt_cfg.proto;
+	if ((h[14 + 6] & 0x1f) || h[14 + 7]) {
+		/* a later fragment: what its datagram's first met, if it was seen */
+		seen = bpf_map_lookup_elem(&flt_frags, &k);
+		if (seen)
+			l = *seen;
+	} else {
+		/* the first: its ports */
+		if (tot < ihl + 4 || bpf_xdp_load_bytes(ctx, 14 + ihl, ports, 4))
+			return XDP_PASS; /* no room for ports: the stack drops it */
+		for (u32 i = 0; i < FLT_PORTS_MAX; i++)
+			if (i < flt_cfg.n_ports && flt_cfg.ports[i] == ((u32)ports[2] << 8 | ports[3]))
+				ok = 1;
+		if (ok) {
+			key.saddr = k.saddr, key.daddr = k.daddr, key.proto = k.proto;
+			__builtin_memcpy(&key.sport, &ports[0], 2);
+			__builtin_memcpy(&key.dport, &ports[2], 2);
+			f = bpf_map_lookup_elem(&flt_flows, &key);
+			if (f && f->state == FLT_JUDGED && f->label < FLT_LABELS_MAX &&
+			    (flt_cfg.proto == 6 ? flt_cfg.labels[f->label & (FLT_LABELS_MAX - 1)].action ==
+						      FLT_DROP
+						: bpf_ktime_get_ns() - f->time_ns < flt_cfg.ttl_ns))
+				l = f->label;
+		} else {
+			l = FLT_FRAG_OTHER;
+		}
+		bpf_map_update_elem(&flt_frags, &k, &l, BPF_ANY);
+	}
+	if (l == FLT_FRAG_OTHER)
+		return XDP_PASS;
+	__sync_fetch_and_add(&flt_packets, 1);
+	__sync_fetch_and_add(&flt_fragments, 1);
+	if (l < FLT_LABELS_MAX) {
+		__sync_fetch_and_add(&flt_label_packets[l & (FLT_LABELS_MAX - 1)], 1);
+		if (flt_cfg.labels[l & (FLT_LABELS_MAX - 1)].action == FLT_DROP)
+			return flt_policy(FLT_DROP);
+		return XDP_PASS;
+	}
+	__sync_fetch_and_add(&flt_pending_packets, 1);
+	return flt_policy(flt_cfg.pending);
+}
+
 SEC("xdp")
 int flt_xdp(struct xdp_md *ctx)
 {
@@ -398,13 +456,8 @@ int flt_xdp(struct xdp_md *ctx)
 			ok = 1;
 	if (!ok)
 		return XDP_PASS;
-	if ((h[14 + 6] & 0x3f) || h[14 + 7]) {
-		/* a fragment (offset or more-fragments): its ports are not all here */
-		__sync_fetch_and_add(&flt_packets, 1);
-		__sync_fetch_and_add(&flt_fragments, 1);
-		__sync_fetch_and_add(&flt_pending_packets, 1);
-		return flt_policy(flt_cfg.pending);
-	}
+	if ((h[14 + 6] & 0x3f) || h[14 + 7])
+		return flt_fragment(ctx, h, ihl, tot);
 	l4len = flt_cfg.proto == 6 ? 20 : 8;
 	if (tot < ihl + l4len || bpf_xdp_load_bytes(ctx, 14 + ihl, p.th, l4len))
 		return XDP_PASS;

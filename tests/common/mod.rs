@@ -21,9 +21,11 @@ use qwen_bpf::{Config, Model, ModelOptions};
 mod rng;
 #[allow(unused_imports)] // not every test uses it
 pub use rng::Rng;
+pub mod http;
 pub mod netns;
 pub mod safety;
 pub mod serve;
+pub mod wire;
 
 /// The workspace root (the directory holding `Cargo.lock`), from this package's or a member's
 /// manifest directory.

@@ -157,3 +157,41 @@ pub fn attach_xdp_pass(ifindex: i32) {
     };
     assert_eq!(rc, 0, "attaching the pass program to interface {ifindex}");
 }
+
+/// Turns transmit checksum offload off on link `dev` of the calling thread's namespace (what
+/// `ethtool -K DEV tx off` does, through the same ioctl), so that the TCP segments its sockets
+/// send carry full checksums: a veth otherwise hands its peer segments whose checksum is only
+/// partly computed, which the packet filter, checking every segment it reads, drops.
+pub fn tx_checksum_off(dev: &str) {
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    const ETHTOOL_STXCSUM: u32 = 0x17;
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_STXCSUM,
+        data: 0,
+    };
+    // SAFETY: an ifreq with a NUL-terminated name (checked to fit) whose data points at a live
+    // ethtool_value; the socket is closed here.
+    let rc = unsafe {
+        let mut req: libc::ifreq = std::mem::zeroed();
+        assert!(dev.len() < req.ifr_name.len(), "interface name {dev}");
+        for (d, s) in req.ifr_name.iter_mut().zip(dev.bytes()) {
+            *d = s as libc::c_char;
+        }
+        req.ifr_ifru.ifru_data = (&mut value as *mut EthtoolValue).cast();
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_DGRAM, 0);
+        assert!(fd >= 0, "socket: {}", std::io::Error::last_os_error());
+        let rc = libc::ioctl(fd, libc::SIOCETHTOOL, &mut req);
+        libc::close(fd);
+        rc
+    };
+    assert_eq!(
+        rc,
+        0,
+        "turning tx checksum offload off on {dev}: {}",
+        std::io::Error::last_os_error()
+    );
+}
