@@ -90,8 +90,7 @@ fn forged_lengths_fragments_and_short_datagrams_get_no_reply_larger_than_themsel
 
     // its cookie: SipHash-2-4, under the installation's key, of the client's address and port,
     // the id and the slot's generation (a fresh slot's first request: 1)
-    let cookie =
-        u64::from(wire::word(&out[HDR..], 4)) << 32 | u64::from(wire::word(&out[HDR..], 3));
+    let cookie = wire::cookie(&out[HDR..]);
     let key = installed.cookie_key().unwrap();
     assert_eq!(
         cookie,
@@ -390,7 +389,7 @@ fn a_source_flooding_holds_one_slot_meets_its_rate_and_leaves_the_others_served(
 /// every frame that comes back is checked against the frame that asked for it.
 #[test]
 fn on_a_veth_end_a_spoofer_gets_no_text_and_no_reply_outgrows_its_request() {
-    use common::netns::{attach_xdp_pass, Veth};
+    use common::netns::{attach_xdp_pass, ifindex, Veth};
     use common::wire::{mac, PacketSocket};
 
     let _serial = serial();
@@ -400,9 +399,7 @@ fn on_a_veth_end_a_spoofer_gets_no_text_and_no_reply_outgrows_its_request() {
     // a client writes every frame itself from the namespace's end; the server's XDP_TX replies
     // come back to it (a veth end receives them only with an XDP program of its own)
     let sock = veth.run(|| {
-        let name = std::ffi::CString::new(veth.peer).unwrap();
-        // SAFETY: a NUL-terminated name.
-        attach_xdp_pass(unsafe { libc::if_nametoindex(name.as_ptr()) } as i32);
+        attach_xdp_pass(ifindex(veth.peer));
         PacketSocket::open(veth.peer)
     });
     let (me, server_mac) = (mac(Some(veth.ns), veth.peer), mac(None, veth.host));
@@ -448,7 +445,7 @@ fn on_a_veth_end_a_spoofer_gets_no_text_and_no_reply_outgrows_its_request() {
     let req = request(7);
     let r = exchange(&Udp::honest((victim, 41_000), server, &req), answer).expect("ACCEPTED");
     assert_eq!(wire::word(&r, 1), wire::ACCEPTED);
-    let cookie = u64::from(wire::word(&r, 4)) << 32 | u64::from(wire::word(&r, 3));
+    let cookie = wire::cookie(&r);
 
     // 3. a spoofer polls the victim's request from the victim's address and port without the
     // cookie, or with a guess: no reply at all (no TEXT, no FINAL)
@@ -461,7 +458,7 @@ fn on_a_veth_end_a_spoofer_gets_no_text_and_no_reply_outgrows_its_request() {
     // a replay of the victim's request (from its address: a reply to anyone else would be an
     // amplifier): its ACCEPTED again, with the same cookie, to the victim; no second slot
     let r = exchange(&Udp::honest((victim, 41_000), server, &req), answer).expect("a repeat");
-    let again = u64::from(wire::word(&r, 4)) << 32 | u64::from(wire::word(&r, 3));
+    let again = wire::cookie(&r);
     assert_eq!((wire::word(&r, 1), again), (wire::ACCEPTED, cookie));
     assert_eq!(installed.status().unwrap().repeats, 1);
 

@@ -411,10 +411,7 @@ fn ask_prints_the_text_and_gives_up_when_nothing_answers() {
 /// `netns::attach_xdp_pass`).
 fn attach_pass_program(ns: &str, dev: &str) {
     in_netns(ns, || {
-        let name = std::ffi::CString::new(dev).unwrap();
-        // SAFETY: a NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) } as i32;
-        common::netns::attach_xdp_pass(ifindex);
+        common::netns::attach_xdp_pass(common::netns::ifindex(dev));
     });
 }
 

@@ -80,6 +80,26 @@ static __noinline u64 flt_hash(const u8 *b, u32 lo, u32 n)
 	return sip_final(&s);
 }
 
+/* Whether `dport` (host order) is one of the rule's ports. */
+static __always_inline int flt_port_ok(u32 dport)
+{
+	int ok = 0;
+
+	for (u32 i = 0; i < FLT_PORTS_MAX; i++)
+		if (i < flt_cfg.n_ports && flt_cfg.ports[i] == dport)
+			ok = 1;
+	return ok;
+}
+
+/* A packet meets the verdict of label l (< FLT_LABELS_MAX): counted under it; whether its
+ * action drops. */
+static __always_inline int flt_label_drops(u32 l)
+{
+	l &= FLT_LABELS_MAX - 1;
+	__sync_fetch_and_add(&flt_label_packets[l], 1);
+	return flt_cfg.labels[l].action == FLT_DROP;
+}
+
 /* Slots held by source address `src` (claimed, reading, classifying). */
 static __always_inline u32 flt_held(u32 src)
 {
@@ -314,8 +334,7 @@ static __noinline int flt_tcp(struct xdp_md *ctx, struct flt_pkt *p)
 			__sync_fetch_and_add(&flt_overflow, 1);
 			return flt_policy(flt_cfg.overflow);
 		}
-		__sync_fetch_and_add(&flt_label_packets[l & (FLT_LABELS_MAX - 1)], 1);
-		if (flt_cfg.labels[l & (FLT_LABELS_MAX - 1)].action == FLT_DROP)
+		if (flt_label_drops(l))
 			return flt_policy(FLT_DROP);
 		return len ? flt_segment(ctx, p, f) : XDP_PASS;
 	case FLT_OPEN:
@@ -380,7 +399,7 @@ static __noinline int flt_fragment(struct xdp_md *ctx, const u8 *h, u32 ihl, u32
 	struct flt_frag_key k = {};
 	struct flt_key key = {};
 	struct flt_flow *f;
-	u32 *seen, l = FLT_FRAG_PENDING, ok = 0;
+	u32 *seen, l = FLT_FRAG_PENDING;
 	u8 ports[4];
 
 	__builtin_memcpy(&k.saddr, &h[14 + 12], 4);
@@ -396,10 +415,7 @@ static __noinline int flt_fragment(struct xdp_md *ctx, const u8 *h, u32 ihl, u32
 		/* the first: its ports */
 		if (tot < ihl + 4 || bpf_xdp_load_bytes(ctx, 14 + ihl, ports, 4))
 			return XDP_PASS; /* no room for ports: the stack drops it */
-		for (u32 i = 0; i < FLT_PORTS_MAX; i++)
-			if (i < flt_cfg.n_ports && flt_cfg.ports[i] == ((u32)ports[2] << 8 | ports[3]))
-				ok = 1;
-		if (ok) {
+		if (flt_port_ok((u32)ports[2] << 8 | ports[3])) {
 			key.saddr = k.saddr, key.daddr = k.daddr, key.proto = k.proto;
 			__builtin_memcpy(&key.sport, &ports[0], 2);
 			__builtin_memcpy(&key.dport, &ports[2], 2);
@@ -418,12 +434,8 @@ static __noinline int flt_fragment(struct xdp_md *ctx, const u8 *h, u32 ihl, u32
 		return XDP_PASS;
 	__sync_fetch_and_add(&flt_packets, 1);
 	__sync_fetch_and_add(&flt_fragments, 1);
-	if (l < FLT_LABELS_MAX) {
-		__sync_fetch_and_add(&flt_label_packets[l & (FLT_LABELS_MAX - 1)], 1);
-		if (flt_cfg.labels[l & (FLT_LABELS_MAX - 1)].action == FLT_DROP)
-			return flt_policy(FLT_DROP);
-		return XDP_PASS;
-	}
+	if (l < FLT_LABELS_MAX)
+		return flt_label_drops(l) ? flt_policy(FLT_DROP) : XDP_PASS;
 	__sync_fetch_and_add(&flt_pending_packets, 1);
 	return flt_policy(flt_cfg.pending);
 }
@@ -462,11 +474,7 @@ int flt_xdp(struct xdp_md *ctx)
 	if (tot < ihl + l4len || bpf_xdp_load_bytes(ctx, 14 + ihl, p.th, l4len))
 		return XDP_PASS;
 	dport = (u32)p.th[2] << 8 | p.th[3];
-	ok = 0;
-	for (u32 i = 0; i < FLT_PORTS_MAX; i++)
-		if (i < flt_cfg.n_ports && flt_cfg.ports[i] == dport)
-			ok = 1;
-	if (!ok)
+	if (!flt_port_ok(dport))
 		return XDP_PASS;
 	if (flt_cfg.proto == 6) {
 		l4len = (p.th[12] >> 4) * 4; /* the TCP header's data offset */
@@ -485,12 +493,8 @@ int flt_xdp(struct xdp_md *ctx)
 	}
 	now = bpf_ktime_get_ns();
 	f = bpf_map_lookup_elem(&flt_flows, &p.key);
-	if (f && f->state == FLT_JUDGED && now - f->time_ns < flt_cfg.ttl_ns) {
-		u32 l = f->label & (FLT_LABELS_MAX - 1);
-
-		__sync_fetch_and_add(&flt_label_packets[l], 1);
-		return flt_cfg.labels[l].action == FLT_DROP ? flt_policy(FLT_DROP) : XDP_PASS;
-	}
+	if (f && f->state == FLT_JUDGED && now - f->time_ns < flt_cfg.ttl_ns)
+		return flt_label_drops(f->label) ? flt_policy(FLT_DROP) : XDP_PASS;
 	if (f && f->state == FLT_PENDING && now - f->time_ns < flt_cfg.pending_ns) {
 		__sync_fetch_and_add(&flt_pending_packets, 1);
 		return flt_policy(flt_cfg.pending);

@@ -80,6 +80,15 @@ impl Drop for Veth {
     }
 }
 
+/// The index of link `dev` in the calling thread's namespace (panics when there is none).
+pub fn ifindex(dev: &str) -> i32 {
+    let name = std::ffi::CString::new(dev).unwrap();
+    // SAFETY: a NUL-terminated name.
+    let i = unsafe { libc::if_nametoindex(name.as_ptr()) } as i32;
+    assert!(i > 0, "no link {dev}");
+    i
+}
+
 /// Whether link `dev` exists in this namespace.
 pub fn link_exists(dev: &str) -> bool {
     Command::new("ip")

@@ -62,6 +62,11 @@ pub mod wire {
         d
     }
 
+    /// The server cookie an ACCEPTED reply's payload `d` carries (words 3 and 4).
+    pub fn cookie(d: &[u8]) -> u64 {
+        u64::from(word(d, 4)) << 32 | u64::from(word(d, 3))
+    }
+
     pub fn word(d: &[u8], i: usize) -> u32 {
         u32::from_le_bytes(d[4 * i..4 * i + 4].try_into().unwrap())
     }
@@ -119,8 +124,7 @@ impl Client {
                 assert!(n >= 20, "a reply of {n} bytes");
                 assert_eq!(wire::word(&buf, 0), wire::REPLY, "the reply magic");
                 if wire::word(&buf, 1) == wire::ACCEPTED {
-                    let cookie =
-                        u64::from(wire::word(&buf, 4)) << 32 | u64::from(wire::word(&buf, 3));
+                    let cookie = wire::cookie(&buf);
                     self.cookies
                         .lock()
                         .unwrap()

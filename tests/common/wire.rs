@@ -131,12 +131,8 @@ impl<'a> Udp<'a> {
 
     /// The datagram in an Ethernet frame from MAC `from` to `to`.
     pub fn frame(&self, from: [u8; 6], to: [u8; 6]) -> Vec<u8> {
-        let u = self.udp();
-        let mut f = ipv4_frame(from, to, self.src.0, self.dst.0, 17, self.frag, &u);
-        f[16..18].copy_from_slice(&self.ip_len.to_be_bytes());
-        f[24..26].copy_from_slice(&[0, 0]);
-        let csum = !fold(0, &f[14..34]);
-        f[24..26].copy_from_slice(&csum.to_be_bytes());
+        let ip = (self.src.0, self.dst.0, 17, self.frag, self.ip_len);
+        let mut f = ipv4_frame_with(from, to, ip, &self.udp());
         f.resize(f.len() + self.pad, 0);
         f
     }
@@ -144,7 +140,7 @@ impl<'a> Udp<'a> {
 
 /// An Ethernet frame carrying an IPv4 packet of protocol `proto` with flags and fragment offset
 /// `frag` (0x4000: don't fragment; 0x2000: more fragments; the low 13 bits: offset / 8), its
-/// header checksum right.
+/// total length that of the packet, its header checksum right.
 pub fn ipv4_frame(
     from: [u8; 6],
     to: [u8; 6],
@@ -154,11 +150,24 @@ pub fn ipv4_frame(
     frag: u16,
     payload: &[u8],
 ) -> Vec<u8> {
+    let total = (20 + payload.len()) as u16;
+    ipv4_frame_with(from, to, (src, dst, proto, frag, total), payload)
+}
+
+/// [`ipv4_frame`] with the IPv4 total length given (`ip.4`), as a forger writes it: source,
+/// destination, protocol, fragment field, total length.
+fn ipv4_frame_with(
+    from: [u8; 6],
+    to: [u8; 6],
+    ip: (Ipv4Addr, Ipv4Addr, u8, u16, u16),
+    payload: &[u8],
+) -> Vec<u8> {
+    let (src, dst, proto, frag, total) = ip;
     let mut f = Vec::with_capacity(34 + payload.len());
     f.extend_from_slice(&to);
     f.extend_from_slice(&from);
     f.extend_from_slice(&[0x08, 0x00, 0x45, 0]);
-    f.extend_from_slice(&((20 + payload.len()) as u16).to_be_bytes());
+    f.extend_from_slice(&total.to_be_bytes());
     f.extend_from_slice(&[0x51, 0x7a]); // the identification (one datagram's fragments share it)
     f.extend_from_slice(&frag.to_be_bytes());
     f.extend_from_slice(&[64, proto, 0, 0]);
@@ -239,10 +248,7 @@ impl PacketSocket {
         assert!(fd >= 0, "AF_PACKET: {}", std::io::Error::last_os_error());
         // SAFETY: fd was just returned by socket().
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        let name = std::ffi::CString::new(dev).unwrap();
-        // SAFETY: a NUL-terminated name.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) } as i32;
-        assert!(ifindex > 0, "no link {dev}");
+        let ifindex = super::netns::ifindex(dev);
         // SAFETY: an initialised sockaddr_ll of its own size.
         let rc = unsafe {
             let mut sa: libc::sockaddr_ll = std::mem::zeroed();
