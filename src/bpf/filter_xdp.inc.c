@@ -214,7 +214,9 @@ bad:
 	if (!claimed) {
 		/* the flow's slot, unless it was taken back: then its text is lost */
 		d = __sync_val_compare_and_swap(&s->state, FLT_ACCUM, EV_CLAIMED);
-		if (d == EV_CLAIMED) /* another CPU reads this flow now: TCP sends this again */
+		/* another CPU reads this flow now, or has just started judging it: TCP sends this
+		 * again, to meet the reading's next byte or the verdict */
+		if (d == EV_CLAIMED || d == EV_BUSY)
 			return flt_policy(FLT_DROP);
 		if (d != FLT_ACCUM)
 			return flt_tcp_overflow(f, 1);
