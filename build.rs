@@ -39,6 +39,19 @@ fn main() {
         "-I/usr/include/x86_64-linux-gnu",
         "-I/usr/include/aarch64-linux-gnu",
     ];
+    // The array memory layer (src/bpf/mem.h, issue 35): the objects built a second time, as
+    // `<stem>_array`, over mmapable array maps and with only what Linux 6.1's verifier takes
+    // (cpu v3: no movsx, no sign-extending loads).
+    let array_args = [
+        "-Wall",
+        "-Werror",
+        "-mcpu=v3",
+        "-DQB_ARRAY_LAYER",
+        "-Isrc/bpf",
+        "-I/usr/include/x86_64-linux-gnu",
+        "-I/usr/include/aarch64-linux-gnu",
+    ];
+    const ARRAY_LAYER: &[&str] = &["mem"];
     for src in &sources {
         let stem = src
             .file_name()
@@ -46,15 +59,56 @@ fn main() {
             .to_string_lossy()
             .trim_end_matches(".bpf.c")
             .to_string();
-        SkeletonBuilder::new()
-            .source(src)
-            .obj(out.join(format!("{stem}.bpf.o")))
-            .clang(&clang)
-            .clang_args(args)
-            .build_and_generate(out.join(format!("{stem}.skel.rs")))
-            .unwrap_or_else(|e| panic!("compiling {}: {e:#}", src.display()));
+        let mut builds = vec![(stem.clone(), &args[..])];
+        if ARRAY_LAYER.contains(&stem.as_str()) {
+            builds.push((format!("{stem}_array"), &array_args[..]));
+        }
+        for (name, flags) in &builds {
+            SkeletonBuilder::new()
+                .source(src)
+                .obj(out.join(format!("{name}.bpf.o")))
+                .clang(&clang)
+                .clang_args(*flags)
+                .build_and_generate(out.join(format!("{name}.skel.rs")))
+                .unwrap_or_else(|e| panic!("compiling {} as {name}: {e:#}", src.display()));
+        }
+        if builds.len() == 2 {
+            same_ctx_types(&out, &stem);
+        }
         println!("cargo:rerun-if-changed={}", src.display());
     }
     println!("cargo:rerun-if-changed=src/bpf");
     println!("cargo:rerun-if-env-changed=BPF_CLANG");
+}
+
+/// The two builds of one object must give user space the same ctx structs, so that Rust keeps one
+/// set of types for both layers: every `pub struct` of the arena build's `types` module must
+/// appear, the same text, in the array build's (which has one more: the layer's `rodata`).
+fn same_ctx_types(out: &std::path::Path, stem: &str) {
+    let read = |name: &str| std::fs::read_to_string(out.join(format!("{name}.skel.rs"))).unwrap();
+    let (arena, array) = (read(stem), read(&format!("{stem}_array")));
+    let structs = |s: &str| -> Vec<String> {
+        s.split("pub struct ")
+            .skip(1)
+            .map(|b| b.split("\n}\n").next().unwrap_or("").to_string())
+            // the map definitions (`__anon_N`) and the layer's `rodata` differ by design
+            .filter(|b| !b.starts_with("__anon") && !b.starts_with("rodata"))
+            .collect()
+    };
+    let theirs = structs(&array);
+    for s in structs(&arena) {
+        let name = s.split([' ', '<', '{']).next().unwrap_or("");
+        // the skeleton's own structs carry the object's name (`MemMaps`, `MemArrayMaps`)
+        let own = name.contains(&skeleton_name(stem)) || name == "maps";
+        if !own && !theirs.contains(&s) {
+            panic!("{stem}: the array build's `{name}` differs from the arena build's:\n{s}");
+        }
+    }
+}
+
+/// The name libbpf-cargo gives an object's skeleton types: `ops` → `Ops`, `mem_array` → `MemArray`.
+fn skeleton_name(stem: &str) -> String {
+    stem.split('_')
+        .map(|w| w[..1].to_uppercase() + &w[1..])
+        .collect()
 }

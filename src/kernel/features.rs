@@ -33,8 +33,8 @@ impl Feature {
 pub struct ProbeReport {
     /// `uname -r`.
     pub kernel: String,
-    /// BTF, the JIT, syscall programs and bpf_loop (with privileges), arena maps, BPF
-    /// workqueues, bpffs.
+    /// BTF, the JIT, syscall programs and bpf_loop (with privileges), arena maps, the memory
+    /// layers, BPF workqueues, bpffs.
     pub features: Vec<Feature>,
 }
 
@@ -81,6 +81,32 @@ pub fn probe() -> ProbeReport {
         status: classify(&p)
             .map(|()| "syscall programs, bpf_loop, arena maps".into())
             .map_err(|e| e.to_string()),
+    });
+    // the memory layers (kernel::memory): each the kernel gives, run through its selftest
+    features.push(Feature {
+        name: "memory layers",
+        status: {
+            use super::memory::{selftest, LayerProbe, MemoryLayer};
+            let probe = LayerProbe::run();
+            // (passed, text) per layer; a layer the kernel does not give is not a failure
+            // while the other one runs, a selftest that fails always is
+            let layer = |l: MemoryLayer| match probe.choose(l) {
+                Ok(_) => match selftest(l) {
+                    Ok(_) => (Some(true), format!("{l}: selftest passed")),
+                    Err(e) => (Some(false), format!("{l}: selftest FAILED: {e}")),
+                },
+                Err(why) => (None, format!("{l}: {why}")),
+            };
+            let all = [layer(MemoryLayer::Arena), layer(MemoryLayer::Array)];
+            let text = all.iter().map(|l| l.1.as_str()).collect::<Vec<_>>().join("; ");
+            let passed = all.iter().any(|l| l.0 == Some(true));
+            let failed = all.iter().any(|l| l.0 == Some(false));
+            if passed && !failed {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
     });
     features.push(Feature {
         name: "BPF workqueues",

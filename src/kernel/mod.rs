@@ -4,7 +4,7 @@
 //! One module per BPF object: [`probe`] (can this process use BPF here?), [`floor`] (the BPF
 //! multiply peak, for benches) and [`ops`] (every operator of the forward pass), whose low-bit
 //! SWAR programs have their methods in [`swar_ops`]; [`arena`] is the user-space view of the
-//! shared memory.
+//! shared memory, and [`memory`] the layer (arena or array maps) it is shared through.
 
 /// `[vis] mod skel`: the libbpf-rs skeleton that build.rs generated for one BPF object
 /// (`$OUT_DIR/<file>`), with the lints that generated code does not meet allowed.
@@ -28,6 +28,7 @@ pub mod drivers;
 pub mod features;
 pub mod filter;
 pub mod floor;
+pub mod memory;
 pub mod operators;
 pub mod ops;
 pub mod pins;

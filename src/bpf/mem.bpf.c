@@ -1,0 +1,54 @@
+// SPDX-License-Identifier: MIT OR GPL-2.0-only
+/* The memory layer's selftest (mem.h), built twice like every object that shares memory: over
+ * the arena (mem.bpf.o) and over array maps (mem_array.bpf.o). User space fills the memory, hands
+ * over addresses, and compares what the program read, wrote and refused with what it expects
+ * (kernel/memory.rs): each address's u64, a 64-byte span's u32 sum, and a store that must land
+ * on exactly the bytes user space addressed. */
+#include "mem.h"
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";
+
+QB_MEM(mem);
+
+#define MEM_PROBES 8
+#define MEM_SPAN 64 /* bytes summed through one QB_SPAN */
+
+struct mem_args {
+	u64 addr[MEM_PROBES]; /* in: addresses (any value: outside the map is refused) */
+	u32 n;                /* in: how many of addr to use (<= MEM_PROBES) */
+	u32 pad;
+	u64 flip;             /* in: each u64 read is stored back XORed with this */
+	u64 val[MEM_PROBES];  /* out: the u64 QB_LD read at addr[i] (0 when refused) */
+	u64 sum[MEM_PROBES];  /* out: sum of the 16 u32 of the span at addr[i] (0 when refused) */
+	s32 ld[MEM_PROBES];   /* out: QB_LD's answer (0 read, -1 refused) */
+	s32 st[MEM_PROBES];   /* out: QB_ST's answer */
+	s32 span[MEM_PROBES]; /* out: 1 when QB_SPAN gave the 64 bytes, 0 when it refused */
+	u32 pad2;
+};
+
+SEC("syscall")
+int mem_selftest(struct mem_args *ctx)
+{
+	struct mem_args a = *ctx; /* a copy: clang's indexing would move the ctx pointer */
+	u32 n = a.n;
+
+	QB_MEM_USE(mem);
+	if (n > MEM_PROBES)
+		return -1;
+	for (u32 i = 0; i < MEM_PROBES && i < n; i++) {
+		u64 at = a.addr[i], v = 0, s = 0;
+		const u32 QB *p;
+
+		a.ld[i] = QB_LD(u64, mem, at, &v);
+		a.val[i] = v;
+		a.st[i] = a.ld[i] ? -1 : QB_ST(u64, mem, at, v ^ a.flip);
+		p = QB_SPAN(const u32, mem, at, MEM_SPAN);
+		a.span[i] = p != NULL;
+		if (p)
+			for (u32 j = 0; j < MEM_SPAN / 4; j++)
+				s += p[j];
+		a.sum[i] = s;
+	}
+	*ctx = a;
+	return 0;
+}
