@@ -8,8 +8,9 @@
 #    tests then run in VMs, never reported as passed on a host that cannot run them.
 # 3. Runs the smoke suite (scripts/smoke.sh: every program loaded alone, a tiny model's logits
 #    against the twin per operator and in the plan, generation and sampling in the kernel, the
-#    tokenizer against the `tokenizers` crate, serve install/ask/remove, the filter) on every
-#    kernel of scripts/kernels.txt in qemu (scripts/vm-test.sh).
+#    tokenizer against the `tokenizers` crate on every kernel; serve install/ask/remove, the
+#    filter, the CLI and the network tests each on one) on every kernel of scripts/kernels.txt in
+#    qemu (scripts/vm-test.sh).
 #
 # QWEN_BPF_KERNELS="6.12 7.3" picks kernels of the matrix; QWEN_BPF_KERNELS=none skips the VMs.
 set -euo pipefail
@@ -47,6 +48,12 @@ summary=("host: $([ $status -eq 0 ] && echo passed || echo FAILED)")
 
 kernels="${QWEN_BPF_KERNELS:-$(awk '!/^[[:space:]]*(#|$)/ {print $1}' scripts/kernels.txt | xargs)}"
 [ "$kernels" = none ] && { echo "test: QWEN_BPF_KERNELS=none: no VM" >&2; exit $status; }
+# every heavy test of smoke.txt is pinned to one kernel: that kernel must be in the matrix, or the
+# test would never run anywhere
+matrix_names="$(awk '!/^[[:space:]]*(#|$)/ {print $1}' scripts/kernels.txt | xargs)"
+for only in $(awk '!/^[[:space:]]*(#|$)/ && NF >= 3 && $3 != "array" {print $3}' scripts/smoke.txt | sort -u); do
+  [[ " $matrix_names " == *" $only "* ]] || { echo "test: scripts/smoke.txt pins tests to kernel $only, which is not in scripts/kernels.txt" >&2; status=1; summary+=("smoke.txt: kernel $only not in the matrix: FAILED"); }
+done
 for k in $kernels; do
   start=$(date +%s)
   # 125: the VM never ran the command to its end (a boot or an emulator that died), not a test

@@ -26,19 +26,28 @@ struct mem_args {
 	u32 pad2;
 };
 
+/* The ctx, copied: clang's indexing would move the ctx pointer, and 6.1's verifier refuses the
+ * stack writes at a variable offset that a copy on the stack would take. */
+static struct mem_args a;
+
 SEC("syscall")
 int mem_selftest(struct mem_args *ctx)
 {
-	struct mem_args a = *ctx; /* a copy: clang's indexing would move the ctx pointer */
-	u32 n = a.n;
+	u32 n;
 
+	a = *ctx;
+	n = a.n;
 	QB_MEM_USE(mem);
 	if (n > MEM_PROBES)
 		return -1;
-	for (u32 i = 0; i < MEM_PROBES && i < n; i++) {
+	/* unrolled: 6.1's verifier cannot bound an index whose loop ends at the unknown n */
+#pragma unroll
+	for (u32 i = 0; i < MEM_PROBES; i++) {
 		u64 at = a.addr[i], v = 0, s = 0;
 		const u32 QB *p;
 
+		if (i >= n)
+			break;
 		a.ld[i] = QB_LD(u64, mem, at, &v);
 		a.val[i] = v;
 		a.st[i] = a.ld[i] ? -1 : QB_ST(u64, mem, at, v ^ a.flip);

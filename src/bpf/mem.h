@@ -79,24 +79,18 @@ static __always_inline void *qb_span(void *map, u64 a, u64 room)
 
 #endif /* QB_ARRAY_LAYER */
 
-#define QB_LD(T, map, a, dst)                                                               \
+/* One checked access: `what` runs on p_, a T pointer to `a`, when `a` holds a whole T; 0 then,
+ * -1 when it does not (nothing read or written). */
+#define QB_DO(T, map, a, what)                                                              \
 	({                                                                                  \
 		T QB *p_ = QB_SPAN(T, map, a, sizeof(T));                                   \
 		int r_ = -1;                                                                \
 		if (p_) {                                                                   \
-			*(dst) = *p_;                                                       \
+			what;                                                               \
 			r_ = 0;                                                             \
 		}                                                                           \
 		r_;                                                                         \
 	})
 
-#define QB_ST(T, map, a, v)                                                                 \
-	({                                                                                  \
-		T QB *p_ = QB_SPAN(T, map, a, sizeof(T));                                   \
-		int r_ = -1;                                                                \
-		if (p_) {                                                                   \
-			*p_ = (v);                                                          \
-			r_ = 0;                                                             \
-		}                                                                           \
-		r_;                                                                         \
-	})
+#define QB_LD(T, map, a, dst) QB_DO(T, map, a, *(dst) = *p_)
+#define QB_ST(T, map, a, v) QB_DO(T, map, a, *p_ = (v))
