@@ -1,17 +1,30 @@
 //! Every BPF operator against its Rust twin in `qwen_bpf::num::fixed`, bit for bit, on random inputs
 //! and on edge cases (largest norm weights, long attention history, negative and saturating
 //! values). These load real BPF programs: they need root (or CAP_BPF + CAP_PERFMON).
+//!
+//! The operators the array memory layer runs so far (issue 35: `ARRAY_PROGRAMS`) are tested on
+//! both layers by the same bodies: the `array_` tests on array maps (natively on a host that
+//! refuses arenas, and on Linux 6.1), the others on the arena; each layer equals the twin, so the
+//! two equal each other bit for bit.
 
 mod common;
 
 use common::Rng;
 use qwen_bpf::kernel::arena::Region;
+use qwen_bpf::kernel::memory::MemoryLayer;
 use qwen_bpf::kernel::operators::AttentionBuffers;
-use qwen_bpf::kernel::ops::Ops;
+use qwen_bpf::kernel::ops::{Ops, ARRAY_PROGRAMS};
 use qwen_bpf::num::fixed::{self, AttnShape};
 
 fn ops() -> Ops {
     Ops::load(64 << 20).expect("loading the operator programs (needs root / CAP_BPF)")
+}
+
+fn ops_on(layer: MemoryLayer) -> Ops {
+    let o = Ops::load_on(64 << 20, false, layer)
+        .unwrap_or_else(|e| panic!("loading the operator programs on the {layer} layer: {e}"));
+    assert_eq!(o.layer(), layer, "the layer that loaded");
+    o
 }
 
 fn put<T: bytemuck::Pod>(o: &mut Ops, data: &[T]) -> Region {
@@ -42,7 +55,16 @@ const EPS: f64 = 1e-6;
 
 #[test]
 fn formats_agree_between_fixed_h_and_fixed_rs() {
-    let f = ops().formats().unwrap();
+    formats_case(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_formats_agree_between_fixed_h_and_fixed_rs() {
+    formats_case(MemoryLayer::Array);
+}
+
+fn formats_case(layer: MemoryLayer) {
+    let f = ops_on(layer).formats().unwrap();
     assert_eq!(
         (
             f.q_act,
@@ -143,7 +165,16 @@ fn matvec_matches_twin_including_residual_add_and_saturation() {
 
 #[test]
 fn rmsnorm_matches_twin_wide_and_per_head_with_large_weights() {
-    let mut o = ops();
+    rmsnorm_case(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_rmsnorm_matches_twin_wide_and_per_head_with_large_weights() {
+    rmsnorm_case(MemoryLayer::Array);
+}
+
+fn rmsnorm_case(layer: MemoryLayer) {
+    let mut o = ops_on(layer);
     let mut rng = Rng(2);
     let eps = fixed::eps_q64(EPS);
     // (n, nvec, |x| max in Q16, |w| max): ordinary, per-head, tiny inputs, huge activations, k_norm-like weights
@@ -228,7 +259,16 @@ fn rmsnorm_twin_is_accurate() {
 
 #[test]
 fn qk_norm_rope_matches_twin() {
-    let mut o = ops();
+    qk_norm_rope_case(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_qk_norm_rope_matches_twin() {
+    qk_norm_rope_case(MemoryLayer::Array);
+}
+
+fn qk_norm_rope_case(layer: MemoryLayer) {
+    let mut o = ops_on(layer);
     let mut rng = Rng(4);
     let (n_q, n_k, hd, max_ctx) = (16, 8, 128, 64);
     let (cos, sin) = fixed::rope_tables(1e6, hd, max_ctx);
@@ -296,7 +336,27 @@ fn gate_up_swiglu_matches_twin_over_the_silu_range() {
             "gate_up_swiglu {rows}x{k}: BPF vs twin"
         );
     }
-    // the elementwise form over the whole Q16 range
+    swiglu_vec_case(MemoryLayer::Arena);
+    // the scalar silu against f64, from -40 to 40
+    for i in -400..=400 {
+        let gv = i as f64 / 10.0;
+        let got = fixed::swiglu((gv * 65536.0) as i32, 65536, &tab) as f64 / 65536.0;
+        let want = gv / (1.0 + (-gv).exp());
+        assert!((got - want).abs() < 4e-5, "silu({gv}) = {got}, want {want}");
+    }
+}
+
+#[test]
+fn array_swiglu_vec_matches_twin_over_the_q16_range() {
+    swiglu_vec_case(MemoryLayer::Array);
+}
+
+/// The elementwise form over the whole Q16 range.
+fn swiglu_vec_case(layer: MemoryLayer) {
+    let mut o = ops_on(layer);
+    let mut rng = Rng(5);
+    let tab = fixed::exp2_table();
+    let rt = put(&mut o, &tab);
     let n = 4096;
     let (g, u) = (rng.vec(n, (1 << 31) - 1), rng.vec(n, 1 << 20));
     let (rg, ru) = (put(&mut o, &g), put(&mut o, &u));
@@ -307,14 +367,37 @@ fn gate_up_swiglu_matches_twin_over_the_silu_range() {
         .zip(&u)
         .map(|(&a, &b)| fixed::swiglu(a, b, &tab))
         .collect();
-    assert_eq!(get(&o, ry, n), want, "swiglu_vec: BPF vs twin");
-    // the scalar silu against f64, from -40 to 40
-    for i in -400..=400 {
-        let gv = i as f64 / 10.0;
-        let got = fixed::swiglu((gv * 65536.0) as i32, 65536, &tab) as f64 / 65536.0;
-        let want = gv / (1.0 + (-gv).exp());
-        assert!((got - want).abs() < 4e-5, "silu({gv}) = {got}, want {want}");
-    }
+    assert_eq!(
+        get(&o, ry, n),
+        want,
+        "swiglu_vec on the {layer} layer: BPF vs twin"
+    );
+}
+
+/// The array layer loads exactly the programs it has so far and refuses the others by name.
+#[test]
+fn array_the_layer_runs_its_programs_and_refuses_the_others_by_name() {
+    let mut o = ops_on(MemoryLayer::Array);
+    let mut loaded: Vec<String> = o
+        .verified_instructions()
+        .unwrap()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    loaded.sort();
+    let mut want: Vec<&str> = ARRAY_PROGRAMS.to_vec();
+    want.sort();
+    assert_eq!(loaded, want, "the array build's programs");
+    let (w, x, y) = (
+        o.arena.alloc(64 * 64 * 4, "w").unwrap(),
+        o.arena.alloc(64 * 4, "x").unwrap(),
+        o.arena.alloc(64 * 4, "y").unwrap(),
+    );
+    let e = o.matvec(w, x, y, 64, 0..64, false).unwrap_err().to_string();
+    assert!(
+        e.contains("`matvec`") && e.contains("not on the array memory layer yet"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -430,7 +513,16 @@ fn attention_matches_twin_over_a_long_history() {
 
 #[test]
 fn embed_matches_twin() {
-    let mut o = ops();
+    embed_case(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_embed_matches_twin() {
+    embed_case(MemoryLayer::Array);
+}
+
+fn embed_case(layer: MemoryLayer) {
+    let mut o = ops_on(layer);
     let mut rng = Rng(8);
     let (vocab, dim) = (100, 64);
     let t = rng.vec(vocab * dim, (1 << 31) - 1);

@@ -115,6 +115,7 @@ typedef __u64 u64;
 /* An operator: the global function op_<name>(type *a), verified once on its own, and the
  * SEC("syscall") program <name> that runs it on its ctx (one test_run per operator run). The
  * plan interpreter (plan.inc.c) calls the same global functions, in order, in one invocation. */
+#ifndef QB_ARRAY_LAYER
 #define OP(name, type)                                                                  \
 	__noinline int op_##name(type *a __arg_nonnull);                                \
 	SEC("syscall") int name(type *ctx)                                              \
@@ -122,3 +123,21 @@ typedef __u64 u64;
 		return op_##name(ctx);                                                  \
 	}                                                                               \
 	__noinline int op_##name(type *a __arg_nonnull)
+#else
+/* The array build (mem.h) also runs on verifiers before 6.8, which ignore __arg_nonnull and
+ * take a global function's pointer argument as possibly NULL: op_<name> checks it, then runs
+ * the body. */
+#define OP(name, type)                                                                  \
+	static __always_inline int op_body_##name(type *a);                             \
+	__noinline int op_##name(type *a)                                               \
+	{                                                                               \
+		if (!a)                                                                 \
+			return 1;                                                       \
+		return op_body_##name(a);                                               \
+	}                                                                               \
+	SEC("syscall") int name(type *ctx)                                              \
+	{                                                                               \
+		return op_##name(ctx);                                                  \
+	}                                                                               \
+	static __always_inline int op_body_##name(type *a)
+#endif

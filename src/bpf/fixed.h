@@ -3,7 +3,7 @@
  * constant and function for function, in src/fixed.rs; the `formats` program reports these
  * constants so that a test can check that the two agree. A value in format Qn is round(v * 2^n). */
 #pragma once
-#include "common.h"
+#include "mem.h"
 #include "limits.h"
 
 #define Q_ACT 16  /* activations, K/V cache, logits: s32 */
@@ -17,6 +17,7 @@
 #define Q_ONE 30  /* RoPE cos/sin, the exp2 table, attention probabilities: 1.0 = 2^30 */
 #define Q_SCALE 22 /* the attention scale head_dim^-0.5 */
 #define EXP2_BITS 8 /* exp2 table: 2^(-i/256), i = 0..256, linearly interpolated */
+#define EXP2_ENTRIES ((1 << EXP2_BITS) + 1)
 #define LOG2E_Q30 1549082005LL /* round(log2(e) * 2^30) */
 #define ACT_MAX 2147483647LL /* activations saturate to +-ACT_MAX (never INT_MIN) */
 #define RES_MAX (1LL << 62) /* the residual stream saturates to +-RES_MAX */
@@ -105,7 +106,7 @@ static __always_inline u64 isqrt(u64 v)
 }
 
 /* exp(-a) in Q30 for a >= 0 in Q16 (a <= ACT_MAX), from a 257-entry table of 2^(-i/256) in Q30. */
-static __always_inline u64 exp_neg(u64 a, const u32 __arena *tab)
+static __always_inline u64 exp_neg(u64 a, QB_VEC_T(const u32) tab)
 {
 	u64 t = (a * LOG2E_Q30) >> Q_ONE; /* a * log2(e), Q16 */
 	u64 ip = t >> 16, fr = t & 0xffff;
@@ -114,14 +115,14 @@ static __always_inline u64 exp_neg(u64 a, const u32 __arena *tab)
 
 	if (ip >= 31)
 		return 0;
-	t0 = tab[idx & 255];
-	t1 = tab[(idx & 255) + 1];
+	t0 = QB_IX(const u32, tab, idx & 255);
+	t1 = QB_IX(const u32, tab, (idx & 255) + 1);
 	v = t0 - (((t0 - t1) * lo) >> (16 - EXP2_BITS));
 	return ip ? (u64)rshr((s64)v, (u32)ip) : v;
 }
 
 /* silu(g) * u, both Q16: silu(g) = g * sigmoid(g), sigmoid from exp(-|g|). */
-static __always_inline s32 swiglu(s32 g, s32 u, const u32 __arena *tab)
+static __always_inline s32 swiglu(s32 g, s32 u, QB_VEC_T(const u32) tab)
 {
 	u64 a = g < 0 ? (u64)(-(s64)g) : (u64)g;
 	u64 e = exp_neg(a, tab); /* Q30, <= 2^30 */

@@ -12,6 +12,8 @@ QB_MEM(mem);
 
 #define MEM_PROBES 8
 #define MEM_SPAN 64 /* bytes summed through one QB_SPAN */
+#define MEM_VECS 2
+#define MEM_VEC_MAX (1 << 20)
 
 struct mem_args {
 	u64 addr[MEM_PROBES]; /* in: addresses (any value: outside the map is refused) */
@@ -24,7 +26,27 @@ struct mem_args {
 	s32 st[MEM_PROBES];   /* out: QB_ST's answer */
 	s32 span[MEM_PROBES]; /* out: 1 when QB_SPAN gave the 64 bytes, 0 when it refused */
 	u32 pad2;
+	u64 vec[MEM_VECS];    /* in: vectors of u32, walked with QB_EACH and QB_IX */
+	u32 vec_n[MEM_VECS];  /* in: their lengths (<= MEM_VEC_MAX) */
+	s32 vec_ok[MEM_VECS]; /* out: 1 walked, 0 refused by QB_VEC, -1 by QB_EACH */
+	u64 vec_sum[MEM_VECS]; /* out: the sum of the vector's u32, each then stored as 3x + 1 */
 };
+
+/* One step of a vector walk: the state QB_EACH hands every step. */
+struct mem_walk {
+	QB_VEC_T(u32) v;
+	u64 sum;
+};
+
+static __always_inline int mem_walk_step(struct mem_walk *c, u32 i)
+{
+	u32 x = QB_IX(u32, c->v, i);
+
+	c->sum += x;
+	QB_IX(u32, c->v, i) = x * 3 + 1;
+	return 0;
+}
+QB_EACH_FN(mem_walk_step, struct mem_walk)
 
 /* The ctx, copied: clang's indexing would move the ctx pointer, and 6.1's verifier refuses the
  * stack writes at a variable offset that a copy on the stack would take. */
@@ -57,6 +79,17 @@ int mem_selftest(struct mem_args *ctx)
 			for (u32 j = 0; j < MEM_SPAN / 4; j++)
 				s += p[j];
 		a.sum[i] = s;
+	}
+#pragma unroll
+	for (u32 k = 0; k < MEM_VECS; k++) {
+		struct mem_walk c = { QB_VEC(u32, mem, a.vec[k], a.vec_n[k]), 0 };
+
+		if (a.vec_n[k] > MEM_VEC_MAX)
+			return -1;
+		a.vec_ok[k] = 0;
+		if (QB_VEC_OK(c.v))
+			a.vec_ok[k] = QB_EACH(mem_walk_step, a.vec_n[k], &c) ? -1 : 1;
+		a.vec_sum[k] = c.sum;
 	}
 	*ctx = a;
 	return 0;

@@ -22,6 +22,18 @@
  *                        element's end or lie outside the map; never NULL in the arena build
  *   QB_LD(T, map, a, dst)     *dst = the T at a: 0, or -1 (dst untouched) where QB_SPAN is NULL
  *   QB_ST(T, map, a, v)       the T at a = v: 0, or -1 (nothing written) likewise
+ *   QB_VEC_T(T) v = QB_VEC(T, map, a, n)   a vector of n T at address a, for QB_IX; QB_VEC_OK(v)
+ *                        is 0 in the array build when the n T cross an element's end or lie
+ *                        outside the map (checked once, before any access), 1 otherwise
+ *   QB_IX(T, v, i)       element i (< n) of the vector, an lvalue. The array build masks the
+ *                        offset into the element, which is what the verifier proves in bounds;
+ *                        for i < n it changes nothing
+ *   QB_EACH_FN(fn, T) and QB_EACH(fn, n, c)   runs `static __always_inline int fn(T *c, u32 i)`
+ *                        for i = 0 .. n-1 until it returns nonzero: a can_loop loop in the
+ *                        arena build, bpf_loop (Linux 5.17) in the array build, which has no
+ *                        may_goto or open-coded iterators. QB_EACH_FN defines the array build's
+ *                        callback and goes after fn. QB_EACH gives 0, or -1 when the array
+ *                        build's bpf_loop refused n
  */
 #pragma once
 #include "common.h"
@@ -32,6 +44,20 @@
 #define QB_MEM(map) QB_ARENA(map)
 #define QB_MEM_USE(map) USE_ARENA(map)
 #define QB_SPAN(T, map, a, room) ARENA_PTR(T, a)
+
+#define QB_VEC_T(T) T QB *
+#define QB_VEC(T, map, a, n) ARENA_PTR(T, a)
+#define QB_VEC_OK(v) 1
+#define QB_IX(T, v, i) (((T QB *)(v))[i])
+
+#define QB_EACH_FN(fn, T)
+#define QB_EACH(fn, n, c)                                                                   \
+	({                                                                                  \
+		for (u32 i_ = 0; i_ < (n) && can_loop; i_++)                               \
+			if (fn((c), i_))                                                    \
+				break;                                                      \
+		0;                                                                          \
+	})
 
 #else /* QB_ARRAY_LAYER */
 
@@ -76,6 +102,43 @@ static __always_inline void *qb_span(void *map, u64 a, u64 room)
 }
 
 #define QB_SPAN(T, map, a, room) ((T *)qb_span(&(map), (u64)(a), (room)))
+
+/* A vector: its element's memory (NULL when refused) and its offset inside it. */
+struct qb_vec {
+	char *e;
+	u64 in;
+};
+
+/* The vector of `bytes` bytes at address a, or e = NULL when it crosses an element's end or lies
+ * outside the map (bytes is at most 2^63: the sum below cannot wrap). */
+static __always_inline struct qb_vec qb_vec(void *map, u64 a, u64 bytes)
+{
+	u64 size = 1ull << qb_mem_shift;
+	u64 off = a - qb_mem_base;
+	struct qb_vec v = { NULL, off & (size - 1) };
+	u32 key;
+
+	if ((off >> qb_mem_shift) > 0xffffffffull || bytes > size || v.in > size - bytes)
+		return v;
+	key = off >> qb_mem_shift;
+	v.e = bpf_map_lookup_elem(map, &key);
+	return v;
+}
+
+#define QB_VEC_T(T) struct qb_vec
+#define QB_VEC(T, map, a, n) qb_vec(&(map), (u64)(a), (u64)(n) * sizeof(T))
+#define QB_VEC_OK(v) ((v).e != NULL)
+/* the mask keeps a T-aligned offset inside the element: vectors start T-aligned (user space
+ * places them on pages), so for i < n it is the offset itself */
+#define QB_IX(T, v, i)                                                                      \
+	(*(T *)((v).e + (((v).in + (u64)(i) * sizeof(T)) & ((1ull << qb_mem_shift) - sizeof(T)))))
+
+#define QB_EACH_FN(fn, T)                                                                   \
+	static int fn##_cb(u64 i, void *c)                                                  \
+	{                                                                                   \
+		return fn((T *)c, (u32)i) != 0;                                             \
+	}
+#define QB_EACH(fn, n, c) (bpf_loop((n), fn##_cb, (c), 0) < 0 ? -1 : 0)
 
 #endif /* QB_ARRAY_LAYER */
 

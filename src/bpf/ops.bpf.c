@@ -17,13 +17,18 @@
  *   sample.inc.c    the integer sampler (fixed.h's exp_neg, this file's arena)
  *   plan.inc.c      the plan interpreter (every operator's ctx and op_* function above)
  *   generate.inc.c  generation in the kernel (plan.inc.c's run_plan steps, sample.inc.c's draw)
- *   event.inc.c     a datagram starts a generation (generate.inc.c's loop, on a bpf_wq) */
+ *   event.inc.c     a datagram starts a generation (generate.inc.c's loop, on a bpf_wq)
+ *   filter.inc.c    the packet filter (and their XDP sides, event_xdp.inc.c, filter_xdp.inc.c)
+ *   constants.inc.c the constants shared with Rust, from all of the above
+ *
+ * Built twice (mem.h): over the arena, and over array maps (ops_array.bpf.o), which so far has
+ * only formats, embed, rmsnorm, qk_norm_rope and swiglu_vec (issue 35). */
 #include "fixed.h"
 
 /* A GPL-compatible licence: the arena kfuncs and bpf_wq are GPL-only. */
 char LICENSE[] SEC("license") = "Dual MIT/GPL";
 
-QB_ARENA(arena);
+QB_MEM(arena);
 
 /* ------------------------------------------------------------------ formats */
 
@@ -96,24 +101,39 @@ struct embed_args {
 	u32 token, dim;
 };
 
+struct embed_walk {
+	QB_VEC_T(const s32) e; /* the token's row [dim] */
+	QB_VEC_T(s64) x;       /* [dim] */
+};
+
+static __always_inline int embed_step(struct embed_walk *c, u32 i)
+{
+	QB_IX(s64, c->x, i) = (s64)QB_IX(const s32, c->e, i) << (Q_RES - Q_W);
+	return 0;
+}
+QB_EACH_FN(embed_step, struct embed_walk)
+
 /* x = embed_tokens[token], Q24 -> Q32 (exact). */
 OP(embed, struct embed_args)
 {
-	const s32 __arena *e = ARENA_PTR(const s32, a->table + (u64)a->token * a->dim * 4);
-	s64 __arena *x = ARENA_PTR(s64, a->x);
+	u32 dim = a->dim;
+	struct embed_walk c = {
+		.e = QB_VEC(const s32, arena, a->table + (u64)a->token * dim * 4, dim),
+		.x = QB_VEC(s64, arena, a->x, dim),
+	};
 
-	USE_ARENA(arena);
-	LOOP(i, 0, a->dim)
-		x[i] = (s64)e[i] << (Q_RES - Q_W);
-	return 0;
+	QB_MEM_USE(arena);
+	if (!QB_VEC_OK(c.e) || !QB_VEC_OK(c.x))
+		return 1;
+	return QB_EACH(embed_step, dim, &c) ? 1 : 0;
 }
 
 /* ------------------------------------------------------------------ RMSNorm */
 
 /* Element i of x as a Q32 s64: x is either the s64 Q32 residual stream (wide) or s32 Q16. */
-static __always_inline s64 load_q32(u64 xa, u32 i, u32 wide)
+static __always_inline s64 load_q32(QB_VEC_T(const s32) x, u32 i, u32 wide)
 {
-	return wide ? ARENA_PTR(const s64, xa)[i] : (s64)ARENA_PTR(const s32, xa)[i] << (Q_RES - Q_ACT);
+	return wide ? QB_IX(const s64, x, i) : (s64)QB_IX(const s32, x, i) << (Q_RES - Q_ACT);
 }
 
 /* y = w * x / sqrt(mean(x^2) + eps) for one vector of n (<= 16384) elements, y (s32 Q16) may be
@@ -126,47 +146,87 @@ static __always_inline s64 load_q32(u64 xa, u32 i, u32 wide)
 #define WIDE (1U << 31)
 #define NQW(n, q_out, wide) ((n) | (q_out) << 16 | ((wide) ? WIDE : 0))
 
+/* One vector's walk: x (s32 Q16, or the s64 Q32 residual when wide), the weight w and the
+ * output y, all [n]; acc the max |x| or the sum of squares; s, inv, e, q_out rmsnorm_vec's. */
+struct norm_walk {
+	QB_VEC_T(const s32) x;
+	QB_VEC_T(const s32) w;
+	QB_VEC_T(s32) y;
+	u64 acc, inv;
+	u32 wide, s, e, q_out;
+};
+
+static __always_inline int maxabs_step(struct norm_walk *c, u32 i)
+{
+	s64 xi = load_q32(c->x, i, c->wide);
+	u64 ax = xi < 0 ? -xi : xi;
+
+	if (ax > c->acc)
+		c->acc = ax;
+	return 0;
+}
+QB_EACH_FN(maxabs_step, struct norm_walk)
+
+static __always_inline int sumsq_step(struct norm_walk *c, u32 i)
+{
+	s64 xi = load_q32(c->x, i, c->wide);
+	u64 ax = (xi < 0 ? -xi : xi) >> (c->s & 63);
+
+	c->acc += ax * ax;
+	return 0;
+}
+QB_EACH_FN(sumsq_step, struct norm_walk)
+
+static __always_inline int norm_step(struct norm_walk *c, u32 i)
+{
+	s64 nrm = rshr((load_q32(c->x, i, c->wide) >> c->s) * (s64)c->inv, (38 - c->e) & 63); /* Q24 */
+
+	QB_IX(s32, c->y, i) =
+		sat32(rshr(nrm * (s64)QB_IX(const s32, c->w, i), (Q_NRM + Q_NORM - c->q_out) & 63));
+	return 0;
+}
+QB_EACH_FN(norm_step, struct norm_walk)
+
 /* max |x_i| over the n = nqw & 0xffff elements (<= LIM_NORM_MAX) of x (see load_q32). Global
  * functions, so that the verifier does not carry the sums' precision, which the shifts computed
  * from them need, back into the loops (it could then not prove the loops' states equal). */
 __noinline u64 vec_maxabs(u64 xa, u32 nqw)
 {
 	u32 n = nqw & 0xffff, wide = (nqw & WIDE) != 0;
-	u64 maxabs = 0;
+	struct norm_walk c = { .x = QB_VEC(const s32, arena, xa, (u64)n << wide), .wide = wide };
 
-	LOOP(i, 0, n) {
-		s64 xi = load_q32(xa, i, wide);
-		u64 ax = xi < 0 ? -xi : xi;
-
-		if (ax > maxabs)
-			maxabs = ax;
-	}
-	return maxabs;
+	if (!QB_VEC_OK(c.x)) /* refused by rmsnorm_vec before */
+		return 0;
+	QB_EACH(maxabs_step, n, &c);
+	return c.acc;
 }
 
 /* sum of (|x_i| >> s)^2 over the n elements of x, as vec_maxabs. */
 __noinline u64 vec_sumsq(u64 xa, u32 nqw, u32 s)
 {
 	u32 n = nqw & 0xffff, wide = (nqw & WIDE) != 0;
-	u64 ss = 0;
+	struct norm_walk c = { .x = QB_VEC(const s32, arena, xa, (u64)n << wide), .wide = wide,
+			       .s = s };
 
-	LOOP(i, 0, n) {
-		s64 xi = load_q32(xa, i, wide);
-		u64 ax = (xi < 0 ? -xi : xi) >> (s & 63);
-
-		ss += ax * ax;
-	}
-	return ss;
+	if (!QB_VEC_OK(c.x))
+		return 0;
+	QB_EACH(sumsq_step, n, &c);
+	return c.acc;
 }
 static __noinline int rmsnorm_vec(u64 xa, u64 wa, u64 ya, u32 nqw, u64 eps_q64)
 {
 	u32 n = nqw & 0xffff, q_out = (nqw >> 16) & 31, wide = (nqw & WIDE) != 0;
-	const s32 __arena *w = ARENA_PTR(const s32, wa);
-	s32 __arena *y = ARENA_PTR(s32, ya);
+	struct norm_walk c = {
+		.x = QB_VEC(const s32, arena, xa, (u64)n << wide),
+		.w = QB_VEC(const s32, arena, wa, n),
+		.y = QB_VEC(s32, arena, ya, n),
+		.wide = wide,
+		.q_out = q_out,
+	};
 	u64 maxabs = 0, ss = 0, v, r, inv;
 	u32 s = 0, e;
 
-	if (n == 0 || n > LIM_NORM_MAX)
+	if (n == 0 || n > LIM_NORM_MAX || !QB_VEC_OK(c.x) || !QB_VEC_OK(c.w) || !QB_VEC_OK(c.y))
 		return 1;
 	maxabs = vec_maxabs(xa, nqw);
 	if (bitlen(maxabs) > 24)
@@ -178,12 +238,10 @@ static __noinline int rmsnorm_vec(u64 xa, u64 wa, u64 ya, u32 nqw, u64 eps_q64)
 	e = (62 - bitlen(v)) / 2;
 	r = isqrt(v << (2 * e));
 	inv = (1ULL << 62) / r;
-	LOOP(i, 0, n) {
-		s64 nrm = rshr((load_q32(xa, i, wide) >> s) * (s64)inv, (38 - e) & 63); /* Q24 */
-
-		y[i] = sat32(rshr(nrm * (s64)w[i], (Q_NRM + Q_NORM - q_out) & 63));
-	}
-	return 0;
+	c.s = s;
+	c.e = e;
+	c.inv = inv;
+	return QB_EACH(norm_step, n, &c) ? 1 : 0;
 }
 
 struct rmsnorm_args {
@@ -196,41 +254,77 @@ struct rmsnorm_args {
 	s32 ret;     /* out: 0, or 1 on bad n */
 };
 
+/* The vectors of one rmsnorm run: vector h at x + h * xstride, y + h * ystride. */
+struct norm_vecs {
+	u64 x, w, y, eps, xstride, ystride;
+	u32 nqw, n_q;   /* rmsnorm_vec's nqw; qk_norm_rope: the heads of q before those of k */
+	u64 k, kn;      /* qk_norm_rope: k and its norm weight; cos, sin: this position's rows */
+	u64 cos, sin;
+	int ret;
+};
+
+static __always_inline int norm_vec_step(struct norm_vecs *c, u32 h)
+{
+	c->ret |= rmsnorm_vec(c->x + h * c->xstride, c->w, c->y + h * c->ystride, c->nqw, c->eps);
+	return 0;
+}
+QB_EACH_FN(norm_vec_step, struct norm_vecs)
+
 /* RMSNorm of nvec consecutive vectors with one weight: hidden-wide (nvec = 1) or per head. */
 OP(rmsnorm, struct rmsnorm_args)
 {
-	u64 x = a->x, w = a->w, y = a->y, eps = a->eps_q64, stride = (u64)a->n * 4;
+	u64 stride = (u64)a->n * 4;
 	u32 n = a->n, wide = a->wide != 0;
-	int ret = 0;
+	struct norm_vecs c = { .x = a->x, .w = a->w, .y = a->y, .eps = a->eps_q64,
+			       .xstride = stride * (1 + wide), .ystride = stride };
 
-	USE_ARENA(arena);
+	QB_MEM_USE(arena);
 	/* n travels in 16 bits of rmsnorm_vec's nqw: check it before it is packed */
 	if (n == 0 || n > LIM_NORM_MAX) {
 		a->ret = 1;
 		return 1;
 	}
-	FOR(h, 0, a->nvec)
-		ret |= rmsnorm_vec(x + h * stride * (1 + wide), w, y + h * stride, NQW(n, Q_ACT, wide), eps);
-	a->ret = ret;
-	return ret;
+	c.nqw = NQW(n, Q_ACT, wide);
+	if (QB_EACH(norm_vec_step, a->nvec, &c))
+		c.ret = 1;
+	a->ret = c.ret;
+	return c.ret;
 }
 
 /* ------------------------------------------------------------------ RoPE */
 
+/* One head's rotation: x [2 * half], cos/sin Q30 [half]. */
+struct rope_walk {
+	QB_VEC_T(s32) x;
+	QB_VEC_T(const s32) c;
+	QB_VEC_T(const s32) s;
+	u32 half;
+};
+
+static __always_inline int rope_step(struct rope_walk *w, u32 i)
+{
+	s64 a = QB_IX(s32, w->x, i), b = QB_IX(s32, w->x, i + w->half);
+	s64 ci = QB_IX(const s32, w->c, i), si = QB_IX(const s32, w->s, i);
+
+	QB_IX(s32, w->x, i) = sat32(rshr(a * ci - b * si, Q_ONE));
+	QB_IX(s32, w->x, i + w->half) = sat32(rshr(b * ci + a * si, Q_ONE));
+	return 0;
+}
+QB_EACH_FN(rope_step, struct rope_walk)
+
 /* Rotates one head in place: pairs (i, i + half), cos/sin Q30 [half] for this position. */
 static __noinline int rope_vec(u64 xa, u64 ca, u64 sa, u32 half)
 {
-	s32 __arena *x = ARENA_PTR(s32, xa);
-	const s32 __arena *c = ARENA_PTR(const s32, ca);
-	const s32 __arena *s = ARENA_PTR(const s32, sa);
+	struct rope_walk w = {
+		.x = QB_VEC(s32, arena, xa, 2 * half),
+		.c = QB_VEC(const s32, arena, ca, half),
+		.s = QB_VEC(const s32, arena, sa, half),
+		.half = half,
+	};
 
-	FOR(i, 0, half) {
-		s64 a = x[i], b = x[i + half], ci = c[i], si = s[i];
-
-		x[i] = sat32(rshr(a * ci - b * si, Q_ONE));
-		x[i + half] = sat32(rshr(b * ci + a * si, Q_ONE));
-	}
-	return 0;
+	if (!QB_VEC_OK(w.x) || !QB_VEC_OK(w.c) || !QB_VEC_OK(w.s))
+		return 1;
+	return QB_EACH(rope_step, half, &w) ? 1 : 0;
 }
 
 struct qk_norm_rope_args {
@@ -245,15 +339,27 @@ struct qk_norm_rope_args {
 	s32 ret;
 };
 
+/* Head h of q (h < n_q) or of k: its norm, then its rotation (c->nqw is hd). */
+static __always_inline int qk_head_step(struct norm_vecs *c, u32 h)
+{
+	u32 hd = c->nqw, is_q = h < c->n_q;
+	u64 v = is_q ? c->x + h * c->xstride : c->k + (h - c->n_q) * c->xstride;
+
+	c->ret |= rmsnorm_vec(v, is_q ? c->w : c->kn, v, NQW(hd, is_q ? Q_Q : Q_ACT, 0), c->eps);
+	c->ret |= rope_vec(v, c->cos, c->sin, hd / 2);
+	return 0;
+}
+QB_EACH_FN(qk_head_step, struct norm_vecs)
+
 /* Qwen3's per-head q_norm / k_norm, then RoPE (rotate_half pairing i with i + hd/2). */
 OP(qk_norm_rope, struct qk_norm_rope_args)
 {
 	/* ctx fields are read once into registers: the verifier forbids ctx loads at offsets that
 	 * clang would otherwise compute from a select between two fields. */
-	u64 q = a->q, k = a->k, qn = a->q_norm, kn = a->k_norm, cs = a->cos, sn = a->sin;
-	u64 eps = a->eps_q64, stride = (u64)a->hd * 4;
-	u32 hd = a->hd, n_q = a->n_q, n_all = a->n_q + a->n_k;
-	int ret = 0;
+	u64 q = a->q, k = a->k, qn = a->q_norm, kn = a->k_norm;
+	u32 hd = a->hd, n_all = a->n_q + a->n_k;
+	struct norm_vecs c = { .eps = a->eps_q64, .xstride = (u64)hd * 4, .n_q = a->n_q,
+			       .cos = a->cos, .sin = a->sin };
 
 	if (hd == 0 || hd > LIM_NORM_MAX) {
 		a->ret = 1;
@@ -264,18 +370,21 @@ OP(qk_norm_rope, struct qk_norm_rope_args)
 	OPAQUE(k);
 	OPAQUE(qn);
 	OPAQUE(kn);
-	USE_ARENA(arena);
-	FOR(h, 0, n_all) {
-		int is_q = h < n_q;
-		u64 v = is_q ? q + h * stride : k + (h - n_q) * stride;
-
-		ret |= rmsnorm_vec(v, is_q ? qn : kn, v, NQW(hd, is_q ? Q_Q : Q_ACT, 0), eps);
-		rope_vec(v, cs, sn, hd / 2);
-	}
-	a->ret = ret;
-	return ret;
+	c.x = q;
+	c.w = qn;
+	c.k = k;
+	c.kn = kn;
+	c.nqw = hd;
+	QB_MEM_USE(arena);
+	if (QB_EACH(qk_head_step, n_all, &c))
+		c.ret = 1;
+	a->ret = c.ret;
+	return c.ret;
 }
 
+/* The array memory layer (issue 35) builds, so far, only the operators above and swiglu_vec
+ * below; the others follow it step by step (docs/plans/array-layer.md). */
+#ifndef QB_ARRAY_LAYER
 /* ------------------------------------------------------------------ matvec */
 
 struct matvec_args {
@@ -513,6 +622,8 @@ OP(gate_up_swiglu, struct gate_up_args)
 	return (int)bpf_loop(a->nrows, gate_up_row, &c, 0) < 0;
 }
 
+#endif /* QB_ARRAY_LAYER */
+
 struct swiglu_args {
 	u64 gate;  /* s32 Q16 [n]: gate_proj . x */
 	u64 up;    /* s32 Q16 [n]: up_proj . x */
@@ -521,20 +632,38 @@ struct swiglu_args {
 	u32 n, pad;
 };
 
+struct swiglu_walk {
+	QB_VEC_T(const s32) g;
+	QB_VEC_T(const s32) u;
+	QB_VEC_T(s32) y;
+	QB_VEC_T(const u32) tab;
+};
+
+static __always_inline int swiglu_step(struct swiglu_walk *c, u32 i)
+{
+	QB_IX(s32, c->y, i) = swiglu(QB_IX(const s32, c->g, i), QB_IX(const s32, c->u, i), c->tab);
+	return 0;
+}
+QB_EACH_FN(swiglu_step, struct swiglu_walk)
+
 /* silu(gate) * up elementwise, for stores whose projections run as separate matvecs. */
 OP(swiglu_vec, struct swiglu_args)
 {
-	const s32 __arena *g = ARENA_PTR(const s32, a->gate);
-	const s32 __arena *u = ARENA_PTR(const s32, a->up);
-	const u32 __arena *tab = ARENA_PTR(const u32, a->exp2);
-	s32 __arena *y = ARENA_PTR(s32, a->y);
+	u32 n = a->n;
+	struct swiglu_walk c = {
+		.g = QB_VEC(const s32, arena, a->gate, n),
+		.u = QB_VEC(const s32, arena, a->up, n),
+		.y = QB_VEC(s32, arena, a->y, n),
+		.tab = QB_VEC(const u32, arena, a->exp2, EXP2_ENTRIES),
+	};
 
-	USE_ARENA(arena);
-	LOOP(i, 0, a->n)
-		y[i] = swiglu(g[i], u[i], tab);
-	return 0;
+	QB_MEM_USE(arena);
+	if (!QB_VEC_OK(c.g) || !QB_VEC_OK(c.u) || !QB_VEC_OK(c.y) || !QB_VEC_OK(c.tab))
+		return 1;
+	return QB_EACH(swiglu_step, n, &c) ? 1 : 0;
 }
 
+#ifndef QB_ARRAY_LAYER
 /* ------------------------------------------------------------------ LM head + argmax */
 
 struct lm_head_args {
@@ -598,118 +727,5 @@ _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is li
 #include "filter_xdp.inc.c"
 
 /* ------------------------------------------------------------------ constants shared with Rust */
-
-/* Every constant that C and Rust both use beyond fixed.h and limits.h (which `formats`
- * reports): the plan's format, the event path's datagram and records, generation's statuses,
- * the SWAR and int8-KV kernels' bounds, the filter's. tests/constants.rs compares each with its Rust mirror. */
-struct constants_args {
-	u32 plan_args_words, plan_patches, plan_threads_max, plan_sync, plan_head;
-	u32 plan_var_token, plan_var_pos, op_count;
-	s32 plan_e_barrier, plan_e_args;
-	u32 ev_slots_max, ev_prompt_max, ev_magic, ev_sources_max;
-	u32 rec_token, rec_done, rec_refused;
-	u32 ev_r_busy, ev_r_malformed, ev_r_token, ev_r_limit, ev_r_unknown, ev_r_offset;
-	u32 ev_poll_magic, ev_reply_magic, ev_k_accepted, ev_k_refused, ev_k_text, ev_k_final;
-	u32 ev_text_reply_max, ev_poll_min, ev_r_utf8, ev_text_magic, ev_text_in_max, ev_tf_chat;
-	u32 ev_r_source, ev_reasons;
-	u32 gen_stops_max, gen_text_max, gen_more, gen_stop, gen_max, gen_full;
-	u32 sw_group, sw_scale_shift, sw_kmax;
-	u32 kv8_qmax, kv8_hd_max;
-	u32 slot_bytes;
-	u32 sample_one, sample_params_bytes, sample_args_bytes;
-	s32 sample_e_param, sample_e_loop;
-	u32 tok_magic, tok_scratch_bytes, tok_args_bytes;
-	s32 tok_e_text, tok_e_ids, tok_e_utf8, tok_e_cps, tok_e_word, tok_e_marks, tok_e_tables;
-	s32 tok_e_budget;
-	u32 flt_suffix_max, flt_steps_max, flt_flows, flt_name_max, flt_excerpt;
-	u32 flt_pass, flt_drop, flt_count, flt_slots_max;
-	s32 flt_more;
-	char op_names[256]; /* PLAN_OP_NAMES, NUL-terminated */
-};
-
-static const char plan_op_names[] = PLAN_OP_NAMES;
-_Static_assert(sizeof(plan_op_names) <= sizeof(((struct constants_args *)0)->op_names),
-	       "the op names fit the report");
-
-SEC("syscall")
-int constants(struct constants_args *a)
-{
-	a->plan_args_words = PLAN_ARGS_WORDS;
-	a->plan_patches = PLAN_PATCHES;
-	a->plan_threads_max = PLAN_THREADS_MAX;
-	a->plan_sync = PLAN_SYNC;
-	a->plan_head = PLAN_HEAD;
-	a->plan_var_token = PLAN_VAR_TOKEN;
-	a->plan_var_pos = PLAN_VAR_POS;
-	a->op_count = OP_COUNT;
-	a->plan_e_barrier = PLAN_E_BARRIER;
-	a->plan_e_args = PLAN_E_ARGS;
-	a->ev_slots_max = EV_SLOTS_MAX;
-	a->ev_prompt_max = EV_PROMPT_MAX;
-	a->ev_magic = EV_MAGIC;
-	a->ev_sources_max = EV_SOURCES_MAX;
-	a->rec_token = REC_TOKEN;
-	a->rec_done = REC_DONE;
-	a->rec_refused = REC_REFUSED;
-	a->ev_r_busy = EV_R_BUSY;
-	a->ev_r_malformed = EV_R_MALFORMED;
-	a->ev_r_token = EV_R_TOKEN;
-	a->ev_r_limit = EV_R_LIMIT;
-	a->ev_r_unknown = EV_R_UNKNOWN;
-	a->ev_r_offset = EV_R_OFFSET;
-	a->ev_poll_magic = EV_POLL_MAGIC;
-	a->ev_reply_magic = EV_REPLY_MAGIC;
-	a->ev_k_accepted = EV_K_ACCEPTED;
-	a->ev_k_refused = EV_K_REFUSED;
-	a->ev_k_text = EV_K_TEXT;
-	a->ev_k_final = EV_K_FINAL;
-	a->ev_text_reply_max = EV_TEXT_REPLY_MAX;
-	a->ev_poll_min = EV_POLL_MIN;
-	a->ev_r_utf8 = EV_R_UTF8;
-	a->ev_text_magic = EV_TEXT_MAGIC;
-	a->ev_text_in_max = EV_TEXT_IN_MAX;
-	a->ev_tf_chat = EV_TF_CHAT;
-	a->ev_r_source = EV_R_SOURCE;
-	a->ev_reasons = EV_REASONS;
-	a->gen_stops_max = GEN_STOPS_MAX;
-	a->gen_text_max = GEN_TEXT_MAX;
-	a->gen_more = GEN_MORE;
-	a->gen_stop = GEN_STOP;
-	a->gen_max = GEN_MAX;
-	a->gen_full = GEN_FULL;
-	a->sw_group = SW_GROUP;
-	a->sw_scale_shift = SW_SCALE_SHIFT;
-	a->sw_kmax = SW_KMAX;
-	a->kv8_qmax = KV8_QMAX;
-	a->kv8_hd_max = KV8_HD_MAX;
-	a->slot_bytes = sizeof(struct plan_slot);
-	a->sample_one = SAMPLE_ONE;
-	a->sample_params_bytes = sizeof(struct qb_sample_params);
-	a->sample_args_bytes = sizeof(struct qb_sample_args);
-	a->sample_e_param = SAMPLE_E_PARAM;
-	a->sample_e_loop = SAMPLE_E_LOOP;
-	a->tok_magic = TOK_MAGIC;
-	a->tok_scratch_bytes = TOK_SCRATCH_BYTES;
-	a->tok_args_bytes = sizeof(struct tokenize_args);
-	a->tok_e_text = TOK_E_TEXT;
-	a->tok_e_ids = TOK_E_IDS;
-	a->tok_e_utf8 = TOK_E_UTF8;
-	a->tok_e_cps = TOK_E_CPS;
-	a->tok_e_word = TOK_E_WORD;
-	a->tok_e_marks = TOK_E_MARKS;
-	a->tok_e_tables = TOK_E_TABLES;
-	a->tok_e_budget = TOK_E_BUDGET;
-	a->flt_suffix_max = FLT_SUFFIX_MAX;
-	a->flt_steps_max = FLT_STEPS_MAX;
-	a->flt_flows = FLT_FLOWS;
-	a->flt_name_max = FLT_NAME_MAX;
-	a->flt_excerpt = FLT_EXCERPT;
-	a->flt_pass = FLT_PASS;
-	a->flt_drop = FLT_DROP;
-	a->flt_count = FLT_COUNT;
-	a->flt_slots_max = FLT_SLOTS_MAX;
-	a->flt_more = FLT_MORE;
-	for (u32 i = 0; i < sizeof(plan_op_names); i++)
-		a->op_names[i] = plan_op_names[i];
-	return 0;
-}
+#include "constants.inc.c"
+#endif /* QB_ARRAY_LAYER */

@@ -67,6 +67,10 @@ pub struct Arena {
     base: *mut u8,
     len: usize,
     next: usize,
+    /// The array memory layer's element size (0 in an arena): a region of at most this many
+    /// bytes is never placed across an element's end, where the programs could not reach it
+    /// whole (`src/bpf/mem.h`).
+    elem: usize,
 }
 
 // SAFETY: the mapping lives as long as the owning skeleton; access goes through &mut self or
@@ -79,7 +83,27 @@ impl Arena {
     /// # Safety
     /// `base..base+len` must be a live read-write mapping of the arena for the Arena's lifetime.
     pub(crate) unsafe fn new(base: *mut u8, len: usize) -> Arena {
-        Arena { base, len, next: 0 }
+        Arena {
+            base,
+            len,
+            next: 0,
+            elem: 0,
+        }
+    }
+
+    /// [`Arena::new`] over the array memory layer's mapping, in elements of `elem` bytes (a
+    /// power of two, at least a page).
+    ///
+    /// # Safety
+    /// As [`Arena::new`].
+    pub(crate) unsafe fn new_array(base: *mut u8, len: usize, elem: usize) -> Arena {
+        debug_assert!(elem.is_power_of_two() && elem >= PAGE);
+        Arena {
+            base,
+            len,
+            next: 0,
+            elem,
+        }
     }
 
     /// Total size of the arena in bytes.
@@ -111,7 +135,12 @@ impl Arena {
     /// BPF load from a page never committed reads 0 and a store to it is dropped), so every
     /// page a program will use must be committed first.
     pub fn reserve(&mut self, len: usize, what: &str) -> Result<Region> {
-        let off = self.next;
+        let mut off = self.next;
+        // on array maps, a region that fits in an element starts the next one rather than
+        // cross an element's end
+        if self.elem != 0 && len <= self.elem && off % self.elem + len > self.elem {
+            off = off.next_multiple_of(self.elem);
+        }
         match off.checked_add(len).map(|e| e.div_ceil(PAGE) * PAGE) {
             Some(end) if end <= self.len => {
                 self.next = end;
@@ -121,7 +150,7 @@ impl Arena {
                 msg: format!(
                     "arena of {} bytes has {} free; `{what}` needs {len}",
                     self.len,
-                    self.len - self.next
+                    self.len - self.next.min(self.len)
                 ),
             }),
         }
@@ -310,6 +339,28 @@ mod tests {
                 "{len} bytes at {addr:#x}"
             );
         }
+    }
+
+    #[test]
+    fn on_array_maps_no_region_that_fits_an_element_crosses_one() {
+        const E: usize = 2 * PAGE;
+        let mut mem = vec![0u64; 4 * E / 8];
+        // SAFETY: the buffer outlives the arena.
+        let mut a = unsafe { Arena::new_array(mem.as_mut_ptr() as *mut u8, 4 * E, E) };
+        assert_eq!(a.alloc(100, "a").unwrap().off, 0);
+        assert_eq!(a.alloc(PAGE, "b").unwrap().off, PAGE, "it fits before the element's end");
+        let moved = a.alloc(PAGE + 8, "c").unwrap();
+        assert_eq!(moved.off, E, "one that would cross starts the next element");
+        let big = a.reserve(E + 8, "d").unwrap();
+        assert_eq!(big.off, 2 * E, "one larger than an element is not moved");
+        let e = a.alloc(E, "e");
+        assert!(e.is_err(), "moved past the end: an error, not a region outside ({e:?})");
+        // in an arena nothing moves
+        let mut mem2 = vec![0u64; 3 * E / 8];
+        let mut b = arena(&mut mem2);
+        b.alloc(100, "a").unwrap();
+        b.alloc(PAGE, "b").unwrap();
+        assert_eq!(b.alloc(PAGE + 8, "c").unwrap().off, 2 * PAGE);
     }
 
     #[test]

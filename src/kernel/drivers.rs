@@ -110,7 +110,9 @@ impl Ops {
         token: u32,
         pos: u32,
     ) -> std::result::Result<Vec<(usize, i64)>, PlanFailure> {
-        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+        let plan = self.arena.addr(slots);
+        let skel = self.skel_mut("the plan interpreter").map_err(PlanFailure::Error)?;
+        if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
             // SAFETY: a u64 of the mapped .bss; no program runs now (runs of this Ops are
             // sequential through &mut self).
             unsafe {
@@ -118,8 +120,7 @@ impl Ops {
                 std::ptr::write_volatile(&mut bss.plan_abort, 0);
             }
         }
-        let prog = self.skel.progs.run_plan.as_fd();
-        let plan = self.arena.addr(slots);
+        let prog = skel.progs.run_plan.as_fd();
         let mut args: Vec<run_plan_args> = (0..threads)
             .map(|t| run_plan_args {
                 plan,
@@ -147,7 +148,9 @@ impl Ops {
         &mut self,
         args: &mut [GenArgs],
     ) -> std::result::Result<(), PlanFailure> {
-        if let Some(bss) = self.skel.maps.bss_data.as_deref_mut() {
+        self.require("generate").map_err(PlanFailure::Error)?;
+        let skel = self.skel_mut("generation in the kernel").map_err(PlanFailure::Error)?;
+        if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
             // SAFETY: as in run_plan.
             unsafe {
                 std::ptr::write_volatile(&mut bss.plan_arrivals, 0);
@@ -155,12 +158,13 @@ impl Ops {
                 std::ptr::write_volatile(&mut bss.gen_stop, [0; 8]);
             }
         }
-        self.require("generate").map_err(PlanFailure::Error)?;
-        let prog = self.skel.progs.generate.as_fd();
+        let prog = skel.progs.generate.as_fd();
         let rcs = run_threads(prog, "generate", args);
         self.runs += args.len() as u64;
         plan_outcome(rcs, "generate")?;
-        self.tokens.consume().map_err(PlanFailure::Error)
+        self.tokens()
+            .and_then(|t| t.consume())
+            .map_err(PlanFailure::Error)
     }
 
     /// Configures the event path (`src/bpf/event.inc.c`) with `cfg` and each slot's generation
@@ -173,7 +177,7 @@ impl Ops {
         init: bool,
     ) -> Result<libbpf_rs::Link> {
         self.configure_events(cfg, templates, init)?;
-        self.skel
+        self.skel("the event path")?
             .progs
             .ev_xdp
             .attach_xdp(cfg.ifindex as i32)
@@ -182,7 +186,7 @@ impl Ops {
 
     /// The object's mapped `.bss`, for `what` to write into.
     pub(crate) fn bss_mut(&mut self, what: &str) -> Result<&mut super::ops::skel::types::bss> {
-        self.skel
+        self.skel_mut(what)?
             .maps
             .bss_data
             .as_deref_mut()
@@ -217,14 +221,16 @@ impl Ops {
         bss.ev_bad_cookie = 0;
         bss.ev_rate_limited = 0;
         // the rate limiter starts afresh: no source is owed anything from an earlier setup
-        let sources: Vec<Vec<u8>> = self.skel.maps.ev_rate.keys().collect();
+        let skel = self.skel("the event path")?;
+        let sources: Vec<Vec<u8>> = skel.maps.ev_rate.keys().collect();
         for k in sources {
-            let _ = self.skel.maps.ev_rate.delete(&k); // gone already: nothing to forget
+            let _ = skel.maps.ev_rate.delete(&k); // gone already: nothing to forget
         }
         if init {
             self.require("ev_setup")?;
             let mut none = 0u64;
-            match test_run(self.skel.progs.ev_setup.as_fd(), "ev_setup", &mut none)? {
+            let prog = self.skel("the event path")?.progs.ev_setup.as_fd();
+            match test_run(prog, "ev_setup", &mut none)? {
                 0 => {}
                 rc => {
                     return Err(Error::KernelFeature {
@@ -246,7 +252,7 @@ impl Ops {
     /// The event path's counters: accepted, refused because every slot was busy, refused as
     /// invalid, done (read from the mapped .bss: no system call).
     pub(crate) fn event_counters(&self) -> [u64; 4] {
-        match self.skel.maps.bss_data.as_deref() {
+        match self.skel("").ok().and_then(|s| s.maps.bss_data.as_deref()) {
             // SAFETY: u64s the programs update atomically; each read once.
             Some(b) => unsafe {
                 [

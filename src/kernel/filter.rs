@@ -91,7 +91,7 @@ impl Ops {
         if init {
             self.require("flt_setup")?;
             let mut none = 0u64;
-            let rc = test_run(self.skel.progs.flt_setup.as_fd(), "flt_setup", &mut none)?;
+            let rc = test_run(self.skel("the filter")?.progs.flt_setup.as_fd(), "flt_setup", &mut none)?;
             if rc != 0 {
                 return Err(Error::KernelFeature {
                     what: "initialising the filter's BPF workqueue items".into(),
@@ -125,12 +125,16 @@ impl Ops {
         };
         a.payload[..payload.len()].copy_from_slice(payload);
         self.require("filter_classify")?;
-        let prog = self.skel.progs.filter_classify.as_fd();
-        loop {
-            let rc = test_run(prog, "filter_classify", &mut a)?;
-            self.runs += 1;
+        let prog = self.skel("the filter")?.progs.filter_classify.as_fd();
+        let mut runs = 0;
+        let done = loop {
+            let rc = match test_run(prog, "filter_classify", &mut a) {
+                Ok(rc) => rc,
+                Err(e) => break Err(e),
+            };
+            runs += 1;
             if rc != 0 {
-                return Err(Error::Bpf {
+                break Err(Error::Bpf {
                     what: "filter_classify".into(),
                     detail: match rc {
                         2 => "the slot is classifying a flow".into(),
@@ -139,10 +143,12 @@ impl Ops {
                 });
             }
             if a.status != MORE {
-                break;
+                break Ok(());
             }
             a.resume = 1;
-        }
+        };
+        self.runs += runs;
+        done?;
         if a.status != 0 {
             return Err(Error::Bpf {
                 what: "filter_classify".into(),

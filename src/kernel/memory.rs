@@ -8,8 +8,9 @@
 //!   address means the same byte to user space and to BPF in both layers.
 //!
 //! Issue 35 moves every program onto this layer step by step (docs/plans/array-layer.md). So far
-//! the layer and its selftest ([`selftest`]) are built in both forms; the operators still use the
-//! arena only.
+//! the layer, its selftest ([`selftest`]) and the operators of
+//! [`ARRAY_PROGRAMS`](super::ops::ARRAY_PROGRAMS) are built in both forms
+//! ([`Ops::load_on`](super::ops::Ops::load_on)); the rest use the arena only.
 
 use std::fmt;
 use std::mem::MaybeUninit;
@@ -342,6 +343,26 @@ pub fn selftest_twin(
     out
 }
 
+/// What one of `mem_selftest`'s walks computes, in Rust: the `n` u32 at offset `off` summed and
+/// each stored as `3x + 1` (wrapping), when `fits(off, 4n)`; `(1, sum)`, or `(0, 0)` refused.
+pub fn walk_twin(
+    mem: &mut [u8],
+    off: u64,
+    n: usize,
+    fits: impl Fn(u64, usize) -> bool,
+) -> (i32, u64) {
+    if !fits(off, 4 * n) {
+        return (0, 0);
+    }
+    let mut sum = 0u64;
+    for w in mem[off as usize..][..4 * n].chunks_mut(4) {
+        let x = u32::from_le_bytes(w.try_into().unwrap());
+        sum += u64::from(x);
+        w.copy_from_slice(&x.wrapping_mul(3).wrapping_add(1).to_le_bytes());
+    }
+    (1, sum)
+}
+
 /// Fills the memory at `base` (BYTES bytes, writable), runs the program through `go` on the
 /// probes, and compares with the twin.
 fn run(
@@ -370,6 +391,17 @@ fn run(
         ..Default::default()
     };
     args.addr = addr;
+    // two walks (QB_EACH over QB_IX): one inside element 1, one across the end of element 1
+    // (the array layer refuses it whole, before any access)
+    let vecs = [(b + ELEM as u64 + 64, 900u32), (b + 2 * ELEM as u64 - 40, 30)];
+    let want_vecs: Vec<(i32, u64)> = vecs
+        .iter()
+        .map(|&(a, n)| walk_twin(&mut twin_mem, a - b, n as usize, fits))
+        .collect();
+    for (k, &(a, n)) in vecs.iter().enumerate() {
+        args.vec[k] = a;
+        args.vec_n[k] = n;
+    }
     let rc = go(&mut args)?;
     let got: Vec<_> = (0..n)
         .map(|i| (args.ld[i], args.val[i], args.st[i], args.span[i], args.sum[i]))
@@ -387,6 +419,16 @@ fn run(
             return Err(mismatch(format!(
                 "probe {i} at base{:+}: (load, value, store, span, sum) {g:?}, the twin {w:?}",
                 addr[i].wrapping_sub(b) as i64
+            )));
+        }
+    }
+    for (k, w) in want_vecs.iter().enumerate() {
+        let g = (args.vec_ok[k], args.vec_sum[k]);
+        if g != *w {
+            return Err(mismatch(format!(
+                "walk {k} of {} u32 at base{:+}: (walked, sum) {g:?}, the twin {w:?}",
+                vecs[k].1,
+                vecs[k].0 - b
             )));
         }
     }

@@ -11,6 +11,7 @@ use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::OpenObject;
 
 use super::arena::{self, Arena, Region, MAX_ARENA_BYTES, PAGE};
+use super::memory::{LayerProbe, MemoryLayer, Reservation};
 use super::verifier::ProgramKind;
 use super::skel::Owned;
 use super::threads::run_threads;
@@ -33,17 +34,37 @@ pub(crate) use skel::types::run_plan_args as RunPlanArgs;
 pub(crate) use skel::types::tokenize_args as TokenizeArgs;
 use skel::{OpsSkel, OpsSkelBuilder};
 
+mod array_skel {
+    skel_module!(pub mod "ops_array.skel.rs");
+}
+use array_skel::skel::{OpsArraySkel, OpsArraySkelBuilder};
+
+/// The loaded object: the arena build of `src/bpf/ops.bpf.c`, or its array build (issue 35:
+/// so far the formats, embedding, RMSNorm, q/k norm with RoPE and SwiGLU operators), which
+/// keeps its memory mapped over `mem`.
+pub(super) enum OpsObject {
+    Arena(Owned<OpsSkel<'static>>),
+    Array {
+        skel: Owned<OpsArraySkel<'static>>,
+        _mem: Reservation,
+    },
+}
+
+/// The programs the array build of ops.bpf.c has so far; every other is refused by name.
+pub const ARRAY_PROGRAMS: &[&str] = &["formats", "embed", "rmsnorm", "qk_norm_rope", "swiglu_vec"];
+
 /// The loaded operator programs and their arena. Dropping it unloads the programs and frees the
 /// arena (the kernel objects live exactly as long as this value).
 pub struct Ops {
-    pub(super) skel: Owned<OpsSkel<'static>>,
+    pub(super) obj: OpsObject,
     /// The shared memory the operators compute on.
     pub arena: Arena,
     pub(super) runs: u64,
     pub(super) threads: usize,
     pub(super) par_min_macs: usize,
-    /// The records of in-kernel generation.
-    pub tokens: super::ring::TokenRing,
+    /// The records of in-kernel generation (none on the array layer, which has no generation
+    /// yet: see [`Ops::tokens`]).
+    tokens: Option<super::ring::TokenRing>,
     /// While recording a plan: the entries so far (operators are recorded, not run).
     pub(super) recording: Option<Vec<Entry>>,
     /// The per-token fields and head fields of the next run (set by the operator methods).
@@ -114,6 +135,23 @@ impl Ops {
 
     /// [`Ops::load`], with the event path's programs (`src/bpf/event.inc.c`) when `events`.
     pub fn load_with(arena_bytes: usize, events: bool) -> Result<Ops> {
+        // the arena until every program runs on array maps too (issue 35)
+        Self::load_on(arena_bytes, events, MemoryLayer::Arena)
+    }
+
+    /// [`Ops::load_with`] on memory layer `layer` ([`MemoryLayer::Auto`]: the arena where this
+    /// process may create one, array maps otherwise). The array layer runs only
+    /// [`ARRAY_PROGRAMS`] so far (issue 35); the others are refused by name.
+    pub fn load_on(arena_bytes: usize, events: bool, layer: MemoryLayer) -> Result<Ops> {
+        let (layer, _why) = LayerProbe::run()
+            .choose(layer)
+            .map_err(|why| Error::Bpf {
+                what: format!("the {layer} memory layer"),
+                detail: why,
+            })?;
+        if layer == MemoryLayer::Array {
+            return Self::load_array(arena_bytes);
+        }
         let pages = arena_bytes.div_ceil(PAGE).max(1);
         if pages * PAGE > MAX_ARENA_BYTES {
             return Err(Error::Resources {
@@ -154,8 +192,17 @@ impl Ops {
         let tokens = super::ring::TokenRing::new(skel.maps.tokens.as_fd().as_raw_fd())?;
         // SAFETY: libbpf maps the whole arena (pages * PAGE bytes) read-write for the skeleton's life.
         let arena = unsafe { Arena::new(base, pages * PAGE) };
-        Ok(Ops {
-            skel,
+        Ok(Self::new(OpsObject::Arena(skel), arena, Some(tokens), without))
+    }
+
+    fn new(
+        obj: OpsObject,
+        arena: Arena,
+        tokens: Option<super::ring::TokenRing>,
+        without: Vec<(ProgramKind, String)>,
+    ) -> Ops {
+        Ops {
+            obj,
             arena,
             runs: 0,
             threads: 1,
@@ -166,7 +213,95 @@ impl Ops {
             unpack: None,
             unpack_on: true,
             without,
-        })
+        }
+    }
+
+    /// The array build (`ops_array.bpf.o`): one mmapable array map of `bytes` (rounded up to
+    /// whole elements) in elements of [`array_elem_shift`]`(bytes)`, mapped at an address
+    /// reserved before load and told to the programs, so that addresses mean the same byte on
+    /// both sides as in the arena.
+    fn load_array(bytes: usize) -> Result<Ops> {
+        let what = "the operator programs (array memory layer)";
+        let shift = array_elem_shift(bytes);
+        let elem = 1usize << shift;
+        let elems = bytes.max(1).div_ceil(elem);
+        if elems * elem > MAX_ARENA_BYTES {
+            return Err(Error::Resources {
+                msg: format!(
+                    "the array memory layer holds at most {MAX_ARENA_BYTES} bytes; {} were asked for",
+                    elems * elem
+                ),
+            });
+        }
+        let mut mem = Reservation::new(elems * elem)?;
+        let base = mem.base();
+        let skel = Owned::load(|storage| {
+            let mut open = OpsArraySkelBuilder::default()
+                .open(storage)
+                .map_err(|e| load_error(what, e))?;
+            let rodata = open.maps.rodata_data.as_deref_mut().ok_or_else(|| Error::Bpf {
+                what: what.into(),
+                detail: "the object has no .rodata".into(),
+            })?;
+            rodata.qb_mem_base = base as u64;
+            rodata.qb_mem_shift = shift;
+            open.maps
+                .arena
+                .set_value_size(elem as u32)
+                .and_then(|()| open.maps.arena.set_max_entries(elems as u32))
+                .map_err(|e| load_error("the array memory map", e))?;
+            super::verifier::load_explained(|| open.load())
+                .map_err(|(e, why)| super::load_refused(what, e, why))
+        })?;
+        mem.map(skel.maps.arena.as_fd())?;
+        let without = ProgramKind::ALL[1..]
+            .iter()
+            .map(|&k| (k, "not on the array memory layer yet (issue 35)".to_string()))
+            .collect();
+        // SAFETY: mem maps the whole array map (elems * elem bytes) read-write for as long as
+        // the OpsObject that owns it.
+        let arena = unsafe { Arena::new_array(base, elems * elem, elem) };
+        Ok(Self::new(OpsObject::Array { skel, _mem: mem }, arena, None, without))
+    }
+
+    /// Which memory layer the programs run on.
+    pub fn layer(&self) -> MemoryLayer {
+        match self.obj {
+            OpsObject::Arena(_) => MemoryLayer::Arena,
+            OpsObject::Array { .. } => MemoryLayer::Array,
+        }
+    }
+
+    /// The loaded object.
+    pub(super) fn object(&self) -> &libbpf_rs::Object {
+        match &self.obj {
+            OpsObject::Arena(s) => s.object(),
+            OpsObject::Array { skel, .. } => skel.object(),
+        }
+    }
+
+    /// The arena build's skeleton, for `what`, which only it runs so far: an error naming the
+    /// array memory layer otherwise.
+    pub(super) fn skel(&self, what: &str) -> Result<&OpsSkel<'static>> {
+        match &self.obj {
+            OpsObject::Arena(s) => Ok(s),
+            OpsObject::Array { .. } => Err(not_on_array(what)),
+        }
+    }
+
+    /// [`Ops::skel`], mutable.
+    pub(super) fn skel_mut(&mut self, what: &str) -> Result<&mut OpsSkel<'static>> {
+        match &mut self.obj {
+            OpsObject::Arena(s) => Ok(s),
+            OpsObject::Array { .. } => Err(not_on_array(what)),
+        }
+    }
+
+    /// The records of in-kernel generation (the ring buffer the programs write them to).
+    pub(crate) fn tokens(&mut self) -> Result<&mut super::ring::TokenRing> {
+        self.tokens
+            .as_mut()
+            .ok_or_else(|| not_on_array("the records of in-kernel generation"))
     }
 
     /// Whether the program `name`'s kind was loaded: an error naming why not (the kind refused
@@ -232,8 +367,7 @@ impl Ops {
     /// kernel's verifier as much as on the program: `tests/limits.rs` keeps every program well
     /// under the limit so that other kernel builds load them too.
     pub fn verified_instructions(&self) -> Result<Vec<(String, u32)>> {
-        self.skel
-            .object()
+        self.object()
             .progs()
             // the programs this Ops did not load (the event path's, unless asked for) have no fd
             .filter(|p| p.autoload())
@@ -257,13 +391,15 @@ impl Ops {
             return Ok(());
         }
         let prog = self
-            .skel
             .object()
             .progs()
             .find(|p| p.name() == name)
-            .ok_or_else(|| Error::Bpf {
-                what: name.into(),
-                detail: "no such program in ops.bpf.c".into(),
+            .ok_or_else(|| match self.obj {
+                OpsObject::Array { .. } => not_on_array(&format!("`{name}`")),
+                OpsObject::Arena(_) => Error::Bpf {
+                    what: name.into(),
+                    detail: "no such program in ops.bpf.c".into(),
+                },
             })?;
         let fd = prog.as_fd();
         let check = |rc: Result<i32>| match rc {
@@ -285,10 +421,13 @@ impl Ops {
     /// Values the programs clamped to their fixed-point range since load (every `sat32` and
     /// `sat_res` of `src/bpf/fixed.h` that fired): 0 means no value left its format.
     pub fn saturations(&self) -> u64 {
-        match self.skel.maps.bss_data.as_deref() {
-            // SAFETY: a u64 in the mapped .bss that the programs update atomically; read once.
-            Some(bss) => unsafe { std::ptr::read_volatile(&bss.saturations) },
-            None => 0,
+        // SAFETY: a u64 in the mapped .bss that the programs update atomically; read once.
+        let read = |v: &u64| unsafe { std::ptr::read_volatile(v) };
+        match &self.obj {
+            OpsObject::Arena(s) => s.maps.bss_data.as_deref().map_or(0, |b| read(&b.saturations)),
+            OpsObject::Array { skel, .. } => {
+                skel.maps.bss_data.as_deref().map_or(0, |b| read(&b.saturations))
+            }
         }
     }
 
@@ -351,7 +490,7 @@ impl Ops {
     pub fn sample(&mut self, args: &mut SampleArgs) -> Result<i32> {
         self.require("sample")?;
         self.runs += 1;
-        super::test_run(self.skel.progs.sample.as_fd(), "sample", args)
+        super::test_run(self.skel("the sampler")?.progs.sample.as_fd(), "sample", args)
     }
 }
 
@@ -363,6 +502,25 @@ pub fn first_best(start: usize, parts: impl IntoIterator<Item = (usize, i64)>) -
         .into_iter()
         .fold((start, i64::MIN), |b, p| if p.1 > b.1 { p } else { b });
     (best.0, best.1 as i32)
+}
+
+/// The error for `what`, which the array memory layer does not run yet.
+fn not_on_array(what: &str) -> Error {
+    Error::Bpf {
+        what: what.into(),
+        detail: "not on the array memory layer yet (issue 35: so far it runs formats, embed, \
+                 rmsnorm, qk_norm_rope and swiglu_vec; the arena layer runs everything)"
+            .into(),
+    }
+}
+
+/// log2 of the array layer's element size for `bytes` of memory: the smallest power of two that
+/// holds them, from a page up to 512 MiB (the largest offset the verifier lets a program add to a
+/// map value: measured on Linux 6.1 and 6.18, docs/plans/array-layer.md). Memory beyond one
+/// element takes several; a buffer never crosses an element's end ([`Arena::new_array`]).
+pub fn array_elem_shift(bytes: usize) -> u32 {
+    let want = bytes.max(PAGE).next_power_of_two().trailing_zeros();
+    want.min(29)
 }
 
 /// Opens and loads the object without the programs of the kinds in `skip`; when the verifier

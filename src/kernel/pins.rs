@@ -227,7 +227,7 @@ impl Ops {
         for p in set.progs {
             self.require(p)?;
         }
-        let obj = self.skel.object();
+        let obj = self.skel(set.what)?.object();
         let fd_of = |kind: &str, name: &'static str, fd: Option<i32>| {
             fd.ok_or_else(|| Error::Bpf {
                 what: format!("pinning {}", set.what),
