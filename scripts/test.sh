@@ -43,15 +43,15 @@ else
   # the memory layer on array maps runs here natively (issue 35: the programs move onto it)
   echo "test: the array memory layer's tests here, natively; the arena layer's in the VMs" >&2
   cargo test --release --test memory_layer -- array auto_ || status=1
-  cargo test --release --test ops_twins -- array_ || status=1
+  cargo test --release --test ops_twins --test batch_twins -- array_ || status=1
 fi
 summary=("host: $([ $status -eq 0 ] && echo passed || echo FAILED)")
 
-kernels="${QWEN_BPF_KERNELS:-$(awk '!/^[[:space:]]*(#|$)/ {print $1}' scripts/kernels.txt | xargs)}"
+matrix_names="$(awk '!/^[[:space:]]*(#|$)/ {print $1}' scripts/kernels.txt | xargs)"
+kernels="${QWEN_BPF_KERNELS:-$matrix_names}"
 [ "$kernels" = none ] && { echo "test: QWEN_BPF_KERNELS=none: no VM" >&2; exit $status; }
 # every heavy test of smoke.txt is pinned to one kernel: that kernel must be in the matrix, or the
 # test would never run anywhere
-matrix_names="$(awk '!/^[[:space:]]*(#|$)/ {print $1}' scripts/kernels.txt | xargs)"
 for only in $(awk '!/^[[:space:]]*(#|$)/ && NF >= 3 && $3 != "array" {print $3}' scripts/smoke.txt | sort -u); do
   [[ " $matrix_names " == *" $only "* ]] || { echo "test: scripts/smoke.txt pins tests to kernel $only, which is not in scripts/kernels.txt" >&2; status=1; summary+=("smoke.txt: kernel $only not in the matrix: FAILED"); }
 done

@@ -8,6 +8,7 @@ mod common;
 
 use common::Rng;
 use qwen_bpf::kernel::arena::Region;
+use qwen_bpf::kernel::memory::MemoryLayer;
 use qwen_bpf::kernel::operators::Batch;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::fixed;
@@ -21,8 +22,10 @@ const GUARD: usize = 32;
 /// What the guards hold.
 const GUARD_BYTE: u8 = 0xA5;
 
-fn ops() -> Ops {
-    let mut o = Ops::load(64 << 20).expect("loading the operator programs (needs root / CAP_BPF)");
+fn ops(layer: MemoryLayer) -> Ops {
+    let mut o = Ops::load_on(64 << 20, false, layer)
+        .unwrap_or_else(|e| panic!("loading the operator programs on the {layer} layer: {e}"));
+    assert_eq!(o.layer(), layer, "the layer that loaded");
     // two threads, and every operator split between them
     o.set_threads(2);
     o.set_par_min_macs(0);
@@ -83,7 +86,16 @@ fn vector<T: bytemuck::Pod>(o: &Ops, r: Region, len: usize, b: usize, what: &str
 
 #[test]
 fn batched_q24_matvec_and_gate_up_equal_their_twins_per_vector() {
-    let mut o = ops();
+    batched_q24_matvec_and_gate_up_equal_their_twins_per_vector_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_batched_q24_matvec_and_gate_up_equal_their_twins_per_vector() {
+    batched_q24_matvec_and_gate_up_equal_their_twins_per_vector_on(MemoryLayer::Array);
+}
+
+fn batched_q24_matvec_and_gate_up_equal_their_twins_per_vector_on(layer: MemoryLayer) {
+    let mut o = ops(layer);
     let mut rng = Rng(21);
     let (rows, k) = (71, 256); // an odd row count: the last row runs alone
     let w = random(&mut rng, rows * k, 1 << 22);
@@ -152,7 +164,11 @@ fn rm_words<'a>(f: swar::Format, m4: &'a swar::Int4Matrix, m8: &'a swar::Int8Mat
 
 #[test]
 fn batched_quantisation_and_swar_matvecs_equal_their_twins_per_vector() {
-    let mut o = ops();
+    batched_quantisation_and_swar_matvecs_equal_their_twins_per_vector_on(MemoryLayer::Arena);
+}
+
+fn batched_quantisation_and_swar_matvecs_equal_their_twins_per_vector_on(layer: MemoryLayer) {
+    let mut o = ops(layer);
     let mut rng = Rng(22);
     let (rows, k) = (64, 256);
     let wf: Vec<f32> = (0..rows * k).map(|_| rng.normal(0.05) as f32).collect();
@@ -252,7 +268,16 @@ fn batched_quantisation_and_swar_matvecs_equal_their_twins_per_vector() {
 
 #[test]
 fn batch_sizes_and_short_buffers_are_refused() {
-    let mut o = ops();
+    batch_sizes_and_short_buffers_are_refused_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_batch_sizes_and_short_buffers_are_refused() {
+    batch_sizes_and_short_buffers_are_refused_on(MemoryLayer::Array);
+}
+
+fn batch_sizes_and_short_buffers_are_refused_on(layer: MemoryLayer) {
+    let mut o = ops(layer);
     let (rows, k) = (8, 64);
     let w = put(&mut o, &vec![0i32; rows * k]);
     let x = put(&mut o, &vec![0i32; BATCH_MAX * k]);

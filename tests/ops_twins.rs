@@ -100,12 +100,23 @@ fn formats_case(layer: MemoryLayer) {
 
 #[test]
 fn matvec_matches_twin_including_residual_add_and_saturation() {
-    let mut o = ops();
+    matvec_case(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_matvec_matches_twin_including_residual_add_and_saturation() {
+    matvec_case(MemoryLayer::Array);
+}
+
+fn matvec_case(layer: MemoryLayer) {
+    let mut o = ops_on(layer);
     let mut rng = Rng(1);
     for (rows, k, wmax, xmax) in [
         (64, 1024, 1 << 22, 1 << 18),
         (96, 3072, 1 << 24, 1 << 24),
         (8, 32, (1 << 31) - 1, (1 << 31) - 1),
+        // 3 * 64 + 8 columns: the array build's steps of 64 columns, then one of 8
+        (16, 200, 1 << 24, 1 << 20),
     ] {
         let w = rng.vec(rows * k, wmax);
         let x = rng.vec(k, xmax);
@@ -128,7 +139,7 @@ fn matvec_matches_twin_including_residual_add_and_saturation() {
         assert_eq!(
             get(&o, ry, rows),
             want,
-            "matvec {rows}x{k} in two row ranges: BPF vs twin"
+            "matvec {rows}x{k} in two row ranges on the {layer} layer: BPF vs twin"
         );
         // and split across two threads inside Ops (large enough to be split)
         o.set_threads(2);
@@ -138,7 +149,7 @@ fn matvec_matches_twin_including_residual_add_and_saturation() {
         assert_eq!(
             get(&o, ry2, rows),
             want,
-            "matvec {rows}x{k} on two threads: BPF vs twin"
+            "matvec {rows}x{k} on two threads on the {layer} layer: BPF vs twin"
         );
         // residual add into an i64 Q32 stream, including values next to the saturation bound
         let mut res: Vec<i64> = (0..rows)
@@ -158,7 +169,7 @@ fn matvec_matches_twin_including_residual_add_and_saturation() {
                 .slice::<i64>(rres.prefix(rows * 8).unwrap())
                 .unwrap(),
             &res[..],
-            "residual add {rows}x{k}: BPF vs twin"
+            "residual add {rows}x{k} on the {layer} layer: BPF vs twin"
         );
     }
 }
@@ -318,26 +329,10 @@ fn qk_norm_rope_case(layer: MemoryLayer) {
 #[test]
 fn gate_up_swiglu_matches_twin_over_the_silu_range() {
     let mut o = ops();
-    let mut rng = Rng(5);
-    let tab = fixed::exp2_table();
-    let rt = put(&mut o, &tab);
-    for (rows, k, wmax, xmax) in [(64, 1024, 1 << 22, 1 << 18), (32, 256, 1 << 24, 1 << 22)] {
-        let g = rng.vec(rows * k, wmax);
-        let u = rng.vec(rows * k, wmax);
-        let x = rng.vec(k, xmax);
-        let (rg, ru, rx) = (put(&mut o, &g), put(&mut o, &u), put(&mut o, &x));
-        let ry = o.arena.alloc(rows * 4, "y").unwrap();
-        o.gate_up_swiglu(rg, ru, rx, ry, rt, k, 0..rows).unwrap();
-        let mut want = vec![0; rows];
-        fixed::gate_up_swiglu(&g, &u, &x, 0..rows, &tab, &mut want);
-        assert_eq!(
-            get(&o, ry, rows),
-            want,
-            "gate_up_swiglu {rows}x{k}: BPF vs twin"
-        );
-    }
-    swiglu_vec_case(MemoryLayer::Arena);
+    gate_up_case(&mut o);
+    swiglu_vec_case(&mut o);
     // the scalar silu against f64, from -40 to 40
+    let tab = fixed::exp2_table();
     for i in -400..=400 {
         let gv = i as f64 / 10.0;
         let got = fixed::swiglu((gv * 65536.0) as i32, 65536, &tab) as f64 / 65536.0;
@@ -347,19 +342,47 @@ fn gate_up_swiglu_matches_twin_over_the_silu_range() {
 }
 
 #[test]
+fn array_gate_up_swiglu_matches_twin() {
+    gate_up_case(&mut ops_on(MemoryLayer::Array));
+}
+
+/// The fused gate/up projections and SwiGLU.
+fn gate_up_case(o: &mut Ops) {
+    let layer = o.layer();
+    let mut rng = Rng(5);
+    let tab = fixed::exp2_table();
+    let rt = put(o, &tab);
+    for (rows, k, wmax, xmax) in [(64, 1024, 1 << 22, 1 << 18), (32, 256, 1 << 24, 1 << 22)] {
+        let g = rng.vec(rows * k, wmax);
+        let u = rng.vec(rows * k, wmax);
+        let x = rng.vec(k, xmax);
+        let (rg, ru, rx) = (put(o, &g), put(o, &u), put(o, &x));
+        let ry = o.arena.alloc(rows * 4, "y").unwrap();
+        o.gate_up_swiglu(rg, ru, rx, ry, rt, k, 0..rows).unwrap();
+        let mut want = vec![0; rows];
+        fixed::gate_up_swiglu(&g, &u, &x, 0..rows, &tab, &mut want);
+        assert_eq!(
+            get(o, ry, rows),
+            want,
+            "gate_up_swiglu {rows}x{k} on the {layer} layer: BPF vs twin"
+        );
+    }
+}
+
+#[test]
 fn array_swiglu_vec_matches_twin_over_the_q16_range() {
-    swiglu_vec_case(MemoryLayer::Array);
+    swiglu_vec_case(&mut ops_on(MemoryLayer::Array));
 }
 
 /// The elementwise form over the whole Q16 range.
-fn swiglu_vec_case(layer: MemoryLayer) {
-    let mut o = ops_on(layer);
+fn swiglu_vec_case(o: &mut Ops) {
+    let layer = o.layer();
     let mut rng = Rng(5);
     let tab = fixed::exp2_table();
-    let rt = put(&mut o, &tab);
+    let rt = put(o, &tab);
     let n = 4096;
     let (g, u) = (rng.vec(n, (1 << 31) - 1), rng.vec(n, 1 << 20));
-    let (rg, ru) = (put(&mut o, &g), put(&mut o, &u));
+    let (rg, ru) = (put(o, &g), put(o, &u));
     let ry = o.arena.alloc(n * 4, "y").unwrap();
     o.swiglu(rg, ru, ry, rt, n).unwrap();
     let want: Vec<i32> = g
@@ -368,7 +391,7 @@ fn swiglu_vec_case(layer: MemoryLayer) {
         .map(|(&a, &b)| fixed::swiglu(a, b, &tab))
         .collect();
     assert_eq!(
-        get(&o, ry, n),
+        get(o, ry, n),
         want,
         "swiglu_vec on the {layer} layer: BPF vs twin"
     );
@@ -388,21 +411,25 @@ fn array_the_layer_runs_its_programs_and_refuses_the_others_by_name() {
     let mut want: Vec<&str> = ARRAY_PROGRAMS.to_vec();
     want.sort();
     assert_eq!(loaded, want, "the array build's programs");
-    let (w, x, y) = (
-        o.arena.alloc(64 * 64 * 4, "w").unwrap(),
-        o.arena.alloc(64 * 4, "x").unwrap(),
-        o.arena.alloc(64 * 4, "y").unwrap(),
-    );
-    let e = o.matvec(w, x, y, 64, 0..64, false).unwrap_err().to_string();
+    let e = o.constants().unwrap_err().to_string();
     assert!(
-        e.contains("`matvec`") && e.contains("not on the array memory layer yet"),
+        e.contains("`constants`") && e.contains("not on the array memory layer yet"),
         "{e}"
     );
 }
 
 #[test]
 fn lm_head_argmax_matches_twin() {
-    let mut o = ops();
+    lm_head_case(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_lm_head_argmax_matches_twin() {
+    lm_head_case(MemoryLayer::Array);
+}
+
+fn lm_head_case(layer: MemoryLayer) {
+    let mut o = ops_on(layer);
     let mut rng = Rng(6);
     let (rows, k) = (5000, 64);
     let w = rng.vec(rows * k, 1 << 23);
@@ -418,7 +445,11 @@ fn lm_head_argmax_matches_twin() {
     let mut want = vec![0; rows];
     let (wa, wav) = fixed::lm_head_argmax(&w, &x, 0..3000, Some(&mut want));
     let (wb, wbv) = fixed::lm_head_argmax(&w, &x, 3000..rows, Some(&mut want));
-    assert_eq!(get(&o, ry, rows), want, "logits: BPF vs twin");
+    assert_eq!(
+        get(&o, ry, rows),
+        want,
+        "logits on the {layer} layer: BPF vs twin"
+    );
     assert_eq!(
         ((a, av), (b, bv)),
         ((wa, wav), (wb, wbv)),
@@ -542,8 +573,17 @@ fn embed_case(layer: MemoryLayer) {
 
 #[test]
 fn odd_row_counts_and_ranges_match_twin() {
+    odd_rows_case(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_odd_row_counts_and_ranges_match_twin() {
+    odd_rows_case(MemoryLayer::Array);
+}
+
+fn odd_rows_case(layer: MemoryLayer) {
     // the kernels take rows two at a time: odd counts and odd range starts end on a single row
-    let mut o = ops();
+    let mut o = ops_on(layer);
     let mut rng = Rng(9);
     let (rows, k) = (13, 64);
     let w = rng.vec(rows * k, 1 << 23);
@@ -559,7 +599,7 @@ fn odd_row_counts_and_ranges_match_twin() {
     assert_eq!(
         get(&o, ry, rows),
         want,
-        "matvec over rows 0..5 and 5..13: BPF vs twin"
+        "matvec over rows 0..5 and 5..13 on the {layer} layer: BPF vs twin"
     );
     let mut res: Vec<i64> = (0..rows as i64).map(|i| i << 40).collect();
     let rres = put(&mut o, &res);
@@ -571,7 +611,7 @@ fn odd_row_counts_and_ranges_match_twin() {
             .slice::<i64>(rres.prefix(rows * 8).unwrap())
             .unwrap(),
         &res[..],
-        "residual add over rows 3..10"
+        "residual add over rows 3..10 on the {layer} layer"
     );
     for (a, b) in [(0, 13), (1, 12), (4, 5)] {
         let got = o
@@ -580,7 +620,7 @@ fn odd_row_counts_and_ranges_match_twin() {
         assert_eq!(
             got,
             fixed::lm_head_argmax(&w, &x, a..b, None),
-            "argmax over rows {a}..{b}"
+            "argmax over rows {a}..{b} on the {layer} layer"
         );
     }
 }

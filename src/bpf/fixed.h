@@ -132,25 +132,6 @@ static __always_inline s32 swiglu(s32 g, s32 u, QB_VEC_T(const u32) tab)
 	return sat32(rshr(silu * (s64)u, Q_ACT));
 }
 
-/* Finishes one row of a matrix-vector product: d is the row's accumulator in Q_W + Q_ACT
- * (Q24 weights, or code * Q24 scale, times Q16 activations). Stores the Q16 value to the s32
- * y[l], or with `residual` adds d in Q_RES to the s64 residual stream y[l] (saturating); ya 0
- * stores nothing. Returns the saturated Q16 value (the logit, for the LM heads' argmax). The
- * Q24 and the SWAR kernels share it. */
-static __always_inline s32 finish_row_q16(s64 d, u64 ya, u32 l, int residual)
-{
-	s32 v = sat32(rshr(d, Q_W));
-
-	if (residual) {
-		s64 __arena *y = ARENA_PTR(s64, ya) + l;
-
-		*y = sat_res(*y + rshr(d, Q_W + Q_ACT - Q_RES));
-	} else if (ya) {
-		*(ARENA_PTR(s32, ya) + l) = v;
-	}
-	return v;
-}
-
 /* An attention score: s = q . k_t in Q16, clamped to +-2^40 so that s * scale (the Q22
  * hd^-0.5) cannot overflow, then scaled to Q16 and saturated. The Q16 and the int8 KV cache's
  * attention share it. */

@@ -20,6 +20,9 @@
  *   QB_SPAN(T, map, a, room)  a T pointer to the `room` bytes at address a (room a constant,
  *                        at most one element), or NULL in the array build when they cross an
  *                        element's end or lie outside the map; never NULL in the arena build
+ *   QB_SPAN_OK(p)        whether a QB_SPAN pointer may be used: p != NULL in the array build, 1 in
+ *                        the arena build (no test: a branch in a walked loop's exit costs the
+ *                        verifier once per iteration)
  *   QB_LD(T, map, a, dst)     *dst = the T at a: 0, or -1 (dst untouched) where QB_SPAN is NULL
  *   QB_ST(T, map, a, v)       the T at a = v: 0, or -1 (nothing written) likewise
  *   QB_VEC_T(T) v = QB_VEC(T, map, a, n)   a vector of n T at address a, for QB_IX; QB_VEC_OK(v)
@@ -28,6 +31,12 @@
  *   QB_IX(T, v, i)       element i (< n) of the vector, an lvalue. The array build masks the
  *                        offset into the element, which is what the verifier proves in bounds;
  *                        for i < n it changes nothing
+ *   QB_AT(T, v, off, bytes)   a T pointer to the `bytes` bytes (a constant) at byte off of the
+ *                        vector, for a piece (a block of columns) that the walk reads or writes
+ *                        through fixed offsets; the array build clamps it inside the element,
+ *                        which for a piece of a checked vector changes nothing
+ *   QB_SX32(r)           asm text that sign-extends operand r from 32 bits (movsx in the arena
+ *                        build, cpu v4; two shifts in the array build)
  *   QB_EACH_FN(fn, T) and QB_EACH(fn, n, c)   runs `static __always_inline int fn(T *c, u32 i)`
  *                        for i = 0 .. n-1 until it returns nonzero: a can_loop loop in the
  *                        arena build, bpf_loop (Linux 5.17) in the array build, which has no
@@ -44,11 +53,16 @@
 #define QB_MEM(map) QB_ARENA(map)
 #define QB_MEM_USE(map) USE_ARENA(map)
 #define QB_SPAN(T, map, a, room) ARENA_PTR(T, a)
+#define QB_SPAN_OK(p) 1
 
 #define QB_VEC_T(T) T QB *
 #define QB_VEC(T, map, a, n) ARENA_PTR(T, a)
 #define QB_VEC_OK(v) 1
 #define QB_IX(T, v, i) (((T QB *)(v))[i])
+
+/* QB_SX32(r): asm that sign-extends operand r from 32 bits (movsx: cpu v4, Linux 6.6) */
+#define QB_SX32(r) "%[" #r "] = (s32)%[" #r "]"
+#define QB_AT(T, v, off, bytes) ((T QB *)((char QB *)(v) + (off)))
 
 #define QB_EACH_FN(fn, T)
 #define QB_EACH(fn, n, c)                                                                   \
@@ -79,30 +93,6 @@ const volatile u32 qb_mem_shift = 12;
 	} map SEC(".maps")
 #define QB_MEM_USE(map) ((void)0)
 
-/* The `room` bytes at user address a, inside one element of `map`, or NULL. The offset inside
- * the element is checked against element size - room, which is what lets the verifier prove
- * every access through the pointer within [0, room). */
-static __always_inline void *qb_span(void *map, u64 a, u64 room)
-{
-	u64 shift = qb_mem_shift;
-	u64 size = 1ull << shift;
-	u64 off = a - qb_mem_base; /* below the base: wraps to a huge offset, refused below */
-	u64 elem = off >> shift;
-	u64 in = off & (size - 1);
-	u32 key;
-	char *e;
-
-	if (room > size || elem > 0xffffffffull || in > size - room)
-		return NULL;
-	key = elem;
-	e = bpf_map_lookup_elem(map, &key); /* NULL past max_entries */
-	if (!e)
-		return NULL;
-	return e + in;
-}
-
-#define QB_SPAN(T, map, a, room) ((T *)qb_span(&(map), (u64)(a), (room)))
-
 /* A vector: its element's memory (NULL when refused) and its offset inside it. */
 struct qb_vec {
 	char *e;
@@ -125,6 +115,19 @@ static __always_inline struct qb_vec qb_vec(void *map, u64 a, u64 bytes)
 	return v;
 }
 
+/* The `room` bytes at user address a, inside one element of `map`, or NULL (room a constant:
+ * the vector's check against element size - room is what lets the verifier prove every access
+ * through the pointer within [0, room)). */
+static __always_inline void *qb_span(void *map, u64 a, u64 room)
+{
+	struct qb_vec v = qb_vec(map, a, room);
+
+	return v.e ? v.e + v.in : NULL;
+}
+
+#define QB_SPAN(T, map, a, room) ((T *)qb_span(&(map), (u64)(a), (room)))
+#define QB_SPAN_OK(p) ((p) != NULL)
+
 #define QB_VEC_T(T) struct qb_vec
 #define QB_VEC(T, map, a, n) qb_vec(&(map), (u64)(a), (u64)(n) * sizeof(T))
 #define QB_VEC_OK(v) ((v).e != NULL)
@@ -133,10 +136,28 @@ static __always_inline struct qb_vec qb_vec(void *map, u64 a, u64 bytes)
 #define QB_IX(T, v, i)                                                                      \
 	(*(T *)((v).e + (((v).in + (u64)(i) * sizeof(T)) & ((1ull << qb_mem_shift) - sizeof(T)))))
 
+/* The `bytes` bytes at byte `off` of vector v, `bytes` a constant: clamped to end in v's element,
+ * which changes nothing for a piece of a checked vector and lets the verifier prove it. */
+static __always_inline void *qb_at(struct qb_vec v, u64 off, u64 bytes)
+{
+	u64 o = v.in + off, last = (1ull << qb_mem_shift) - bytes;
+
+	return v.e + (o < last ? o : last);
+}
+
+#define QB_AT(T, v, off, bytes) ((T *)qb_at((v), (off), (bytes)))
+
+/* 6.1 has no movsx: two shifts */
+#define QB_SX32(r) "%[" #r "] <<= 32\n\t%[" #r "] s>>= 32"
+
+/* the callback returns 0 or 1, as the verifier demands: the empty asm hides from clang what it
+ * knows of fn's result (a global function's 0 or 1 is, to the verifier, any value) */
 #define QB_EACH_FN(fn, T)                                                                   \
 	static int fn##_cb(u64 i, void *c)                                                  \
 	{                                                                                   \
-		return fn((T *)c, (u32)i) != 0;                                             \
+		int r_ = fn((T *)c, (u32)i);                                                \
+		asm volatile("" : "+r"(r_));                                                \
+		return r_ != 0;                                                             \
 	}
 #define QB_EACH(fn, n, c) (bpf_loop((n), fn##_cb, (c), 0) < 0 ? -1 : 0)
 

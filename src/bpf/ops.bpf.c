@@ -7,7 +7,8 @@
  * same integers. Long loops use open-coded iterators (bpf_for), so the verifier checks the
  * body once instead of once per iteration.
  *
- * One object, one arena: the operators below, then seven fragments (*.inc.c, not compiled on
+ * One object, one arena: the operators below (the Q24 matrix kernels in q24.inc.c, included
+ * after SwiGLU), then seven fragments (*.inc.c, not compiled on
  * their own) joined at the end in this order, each using what the ones before it define:
  *   tokenize.inc.c  the Qwen3 tokenizer: text -> ids (this file's arena; first, so that the
  *                   event path below can tokenize a request's text)
@@ -22,7 +23,7 @@
  *   constants.inc.c the constants shared with Rust, from all of the above
  *
  * Built twice (mem.h): over the arena, and over array maps (ops_array.bpf.o), which so far has
- * only formats, embed, rmsnorm, qk_norm_rope and swiglu_vec (issue 35). */
+ * formats, embed, rmsnorm, qk_norm_rope, swiglu_vec and the Q24 kernels (issue 35). */
 #include "fixed.h"
 
 /* A GPL-compatible licence: the arena kfuncs and bpf_wq are GPL-only. */
@@ -382,247 +383,7 @@ OP(qk_norm_rope, struct qk_norm_rope_args)
 	return c.ret;
 }
 
-/* The array memory layer (issue 35) builds, so far, only the operators above and swiglu_vec
- * below; the others follow it step by step (docs/plans/array-layer.md). */
-#ifndef QB_ARRAY_LAYER
-/* ------------------------------------------------------------------ matvec */
-
-struct matvec_args {
-	u64 w;        /* s32 Q24 [nrows][k]: the rows row0.. of the matrix (a resident matrix or a window) */
-	u64 x;        /* s32 Q16 [nb][k] */
-	u64 y;        /* out: s32 Q16 [rows], or the s64 Q32 residual stream when accumulating; vector
-		       * b at y + b * ystride */
-	u32 k;        /* columns, a multiple of 8, <= 16384 */
-	u32 row0, nrows;
-	u32 accumulate; /* 1: y (s64 Q32) += W x, the residual add, saturating; 0: y (s32 Q16) = W x */
-	u32 nb;       /* vectors, 1..LIM_BATCH_MAX: a prefill block times each row while it is cached */
-	u32 pad;
-	u64 ystride;  /* bytes between the vectors of y */
-};
-
-/* Whether the Q24 row programs take k columns: the dot products below stop at LIM_COLS_MAX, so a
- * wider k is refused rather than truncated. */
-static __always_inline int q24_cols_ok(u32 k)
-{
-	return k != 0 && k % LIM_Q24_COLS_ALIGN == 0 && k <= LIM_COLS_MAX;
-}
-
-/* The Q24 dot products below, column j (a literal) of a step of 8: a0 += w0[j] * x[j] and
- * a1 += w1[j] * x[j] (Q24_MAC2: x loaded once for both rows), or a0 += w0[j] * x[j] (Q24_MAC1),
- * all s32 loaded, then sign-extended by a register move (movsx: a sign-extending load from an
- * arena, ldsx, is refused by verifiers before Linux 6.18 and by JITs without it). Written as asm, as SW_QUAD_PACKED in swar.inc.c, because
- * clang re-associates the unrolled sums into trees and spills them: 5.8 BPF instructions per
- * multiply in rows2_q24 as C, 3.5 plus the loop's as asm. */
-#define Q24_MAC2(a0, a1, w0, w1, x, j, xv, t)                                          \
-	asm("%[xv] = *(u32 *)(%[xp] + %[o])\n\t%[xv] = (s32)%[xv]\n\t"                   \
-	    "%[tt] = *(u32 *)(%[w0p] + %[o])\n\t%[tt] = (s32)%[tt]\n\t"                    \
-	    "%[tt] *= %[xv]\n\t%[aa] += %[tt]\n\t"                                          \
-	    "%[tt] = *(u32 *)(%[w1p] + %[o])\n\t%[tt] = (s32)%[tt]\n\t"                    \
-	    "%[tt] *= %[xv]\n\t%[ab] += %[tt]"                                               \
-	    : [aa] "+r"(a0), [ab] "+r"(a1), [xv] "=&r"(xv), [tt] "=&r"(t)                 \
-	    : [xp] "r"(x), [w0p] "r"(w0), [w1p] "r"(w1), [o] "i"(4 * (j)))
-#define Q24_MAC1(a0, w0, x, j, xv, t)                                                  \
-	asm("%[xv] = *(u32 *)(%[xp] + %[o])\n\t%[xv] = (s32)%[xv]\n\t"                   \
-	    "%[tt] = *(u32 *)(%[w0p] + %[o])\n\t%[tt] = (s32)%[tt]\n\t"                    \
-	    "%[tt] *= %[xv]\n\t%[aa] += %[tt]"                                               \
-	    : [aa] "+r"(a0), [xv] "=&r"(xv), [tt] "=&r"(t)                                \
-	    : [xp] "r"(x), [w0p] "r"(w0), [o] "i"(4 * (j)))
-
-/* a[0] = w0 . x and a[1] = w1 . x over k columns (a multiple of 8), Q24 x Q16 -> Q40, sharing
- * each load of x, 8 columns per step (a products mod 2^64, as the twin's wrapping sums). */
-static __always_inline void dot2_q24_inline(u64 w0a, u64 w1a, u64 xa, u32 k, s64 *a)
-{
-	const s32 __arena *w0 = ARENA_PTR(const s32, w0a);
-	const s32 __arena *w1 = ARENA_PTR(const s32, w1a);
-	const s32 __arena *x = ARENA_PTR(const s32, xa);
-	s64 a0 = 0, a1 = 0, xv, t;
-
-	ARENA_CAST(w0);
-	ARENA_CAST(w1);
-	ARENA_CAST(x);
-	for (u32 b = 0; b < k / LIM_Q24_COLS_ALIGN && can_loop; b++) {
-		Q24_MAC2(a0, a1, w0, w1, x, 0, xv, t);
-		Q24_MAC2(a0, a1, w0, w1, x, 1, xv, t);
-		Q24_MAC2(a0, a1, w0, w1, x, 2, xv, t);
-		Q24_MAC2(a0, a1, w0, w1, x, 3, xv, t);
-		Q24_MAC2(a0, a1, w0, w1, x, 4, xv, t);
-		Q24_MAC2(a0, a1, w0, w1, x, 5, xv, t);
-		Q24_MAC2(a0, a1, w0, w1, x, 6, xv, t);
-		Q24_MAC2(a0, a1, w0, w1, x, 7, xv, t);
-		w0 += 8;
-		w1 += 8;
-		x += 8;
-	}
-	a[0] = a0;
-	a[1] = a1;
-}
-
-/* sum_j w[j] * x[j] over k columns, Q24 x Q16 -> Q40, 8 columns per step. A global function:
- * the verifier checks it once, on its own, not at every call site. */
-__noinline s64 dot_q24(u64 wa, u64 xa, u32 k)
-{
-	const s32 __arena *w = ARENA_PTR(const s32, wa);
-	const s32 __arena *x = ARENA_PTR(const s32, xa);
-	s64 acc = 0, xv, t;
-
-	ARENA_CAST(w);
-	ARENA_CAST(x);
-	for (u32 b = 0; b < k / LIM_Q24_COLS_ALIGN && can_loop; b++) {
-		Q24_MAC1(acc, w, x, 0, xv, t);
-		Q24_MAC1(acc, w, x, 1, xv, t);
-		Q24_MAC1(acc, w, x, 2, xv, t);
-		Q24_MAC1(acc, w, x, 3, xv, t);
-		Q24_MAC1(acc, w, x, 4, xv, t);
-		Q24_MAC1(acc, w, x, 5, xv, t);
-		Q24_MAC1(acc, w, x, 6, xv, t);
-		Q24_MAC1(acc, w, x, 7, xv, t);
-		w += 8;
-		x += 8;
-	}
-	return acc;
-}
-
-/* Two rows' dot products with one x (dot2_q24_inline) as a global function, into out. */
-struct dot2 {
-	s64 a[2];
-};
-
-__noinline int dot2_q24(u64 w0a, u64 w1a, u64 xa, u32 k, struct dot2 *out __arg_nonnull)
-{
-	dot2_q24_inline(w0a, w1a, xa, k, out->a);
-	return 0;
-}
-
-/* Row loops run as bpf_loop callbacks: the verifier checks a callback once, with its ctx fields
- * unknown, where an open-coded iterator around the long column loop would be re-verified until
- * its state converged. */
-struct row_ctx {
-	u64 w, w2, x, y, tab, stride, ystride;
-	u32 k, row0, nrows, flag, best, nb;
-	s64 best_val;
-};
-
-/* Whether a batched operator takes nb vectors. */
-static __always_inline int batch_ok(u32 nb)
-{
-	return nb != 0 && nb <= LIM_BATCH_MAX;
-}
-
-#define ROWS_STORE 0   /* y (s32 Q16) = W x */
-#define ROWS_RESIDUAL 1 /* y (the s64 Q32 residual stream) += W x, saturating */
-#define ROWS_LOGITS 2  /* y (s32 Q16, or none) = W x; returns the better row packed */
-
-/* Finishes one row in the given mode (see rows2_q24). */
-static __always_inline s64 finish_q24(s64 d, u64 ya, u32 mode, u32 l)
-{
-	return (s64)finish_row_q16(d, ya, l, mode == ROWS_RESIDUAL) * 2 + (1 - l);
-}
-
-/* Two consecutive rows (at wa and wa + 4k) times x, sharing each load of x: 8 columns per step.
- * y is written per mode at ya = &y[first row]; returns the better row packed as
- * logit * 2 + 1 - l, so that the larger value is the larger logit and, on ties, the first row.
- * k_mode = k | mode << 32 (BPF functions take at most five arguments). A global function: the
- * verifier checks it once. */
-__noinline s64 rows2_q24(u64 wa, u64 xa, u64 ya, u64 k_mode)
-{
-	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
-	s64 acc[2], p0, p1;
-
-	dot2_q24_inline(wa, wa + (u64)k * 4, xa, k, acc);
-	p0 = finish_q24(acc[0], ya, mode, 0);
-	p1 = finish_q24(acc[1], ya, mode, 1);
-	return p0 > p1 ? p0 : p1;
-}
-
-/* One row, as rows2_q24 (for an odd row count). */
-__noinline s64 row1_q24(u64 wa, u64 xa, u64 ya, u64 k_mode)
-{
-	return finish_q24(dot_q24(wa, xa, (u32)k_mode), ya, (u32)(k_mode >> 32), 0);
-}
-
-/* Rows 2i, 2i + 1 of the range (the last one alone when the count is odd), times each of the nb
- * vectors in turn: the rows stay in the L1 cache, so that a block of vectors reads them from
- * memory once. The LM head (ROWS_LOGITS) runs with nb = 1. */
-static long rows_pair(u64 i, struct row_ctx *c)
-{
-	u32 r = c->row0 + 2 * (u32)i, two = r + 1 < c->row0 + c->nrows;
-	u64 ysz = c->flag == ROWS_RESIDUAL ? 8 : 4;
-	u64 wa = c->w + 2 * i * c->stride, k_mode = c->k | (u64)c->flag << 32;
-
-	for (u32 b = 0; b < c->nb && can_loop; b++) { /* nb <= LIM_BATCH_MAX */
-		u64 xa = c->x + (u64)b * c->k * 4;
-		u64 ya = c->y ? c->y + b * c->ystride + (u64)r * ysz : 0;
-		s64 p = two ? rows2_q24(wa, xa, ya, k_mode) : row1_q24(wa, xa, ya, k_mode);
-
-		if (c->flag == ROWS_LOGITS && (p >> 1) > c->best_val) {
-			c->best_val = p >> 1;
-			c->best = r + 1 - (u32)(p & 1);
-		}
-	}
-	return 0;
-}
-
-/* y_b[r] = W[r] . x_b, or y_b[r] += W[r] . x_b into the residual stream, for r in
- * [row0, row0 + nrows) and each of the nb vectors b, two rows per step. */
-OP(matvec, struct matvec_args)
-{
-	struct row_ctx c = { .w = a->w, .x = a->x, .y = a->y, .stride = (u64)a->k * 4, .k = a->k,
-			     .row0 = a->row0, .nrows = a->nrows, .nb = a->nb, .ystride = a->ystride,
-			     .flag = a->accumulate ? ROWS_RESIDUAL : ROWS_STORE };
-
-	USE_ARENA(arena);
-	if (!q24_cols_ok(a->k) || !batch_ok(a->nb))
-		return 1;
-	return (int)bpf_loop((a->nrows + 1) / 2, rows_pair, &c, 0) < 0;
-}
-
-struct gate_up_args {
-	u64 gate;     /* s32 Q24 [nrows][k]: rows row0.. of mlp.gate_proj */
-	u64 up;       /* s32 Q24 [nrows][k]: rows row0.. of mlp.up_proj */
-	u64 x;        /* s32 Q16 [nb][k] */
-	u64 y;        /* s32 Q16 [rows], out: silu(gate x) * (up x); vector b at y + b * ystride */
-	u64 exp2;     /* u32 Q30 [257] */
-	u32 k, row0, nrows;
-	u32 nb;       /* vectors, 1..LIM_BATCH_MAX */
-	u64 ystride;  /* bytes between the vectors of y */
-};
-
-/* Row i of both projections times each of the nb vectors, sharing each load of x (the rows stay
- * cached, as rows_pair). */
-static long gate_up_row(u64 i, struct row_ctx *c)
-{
-	u32 r = c->row0 + (u32)i;
-
-	for (u32 b = 0; b < c->nb && can_loop; b++) { /* nb <= LIM_BATCH_MAX */
-		u64 xa = c->x + (u64)b * c->k * 4;
-		s32 __arena *y = ARENA_PTR(s32, c->y + b * c->ystride + (u64)r * 4);
-		struct dot2 d = {};
-		s32 g, u;
-
-		dot2_q24(c->w + i * c->stride, c->w2 + i * c->stride, xa, c->k, &d);
-		g = sat32(rshr(d.a[0], Q_W));
-		u = sat32(rshr(d.a[1], Q_W));
-
-		*y = swiglu(g, u, ARENA_PTR(const u32, c->tab));
-	}
-	return 0;
-}
-
-/* The SwiGLU half of the MLP, fused: both projections of a row, then silu(g) * u, for each of
- * the nb vectors. */
-OP(gate_up_swiglu, struct gate_up_args)
-{
-	struct row_ctx c = { .w = a->gate, .w2 = a->up, .x = a->x, .y = a->y, .tab = a->exp2,
-			     .stride = (u64)a->k * 4, .k = a->k, .row0 = a->row0, .nb = a->nb,
-			     .ystride = a->ystride };
-
-	USE_ARENA(arena);
-	if (!q24_cols_ok(a->k) || !batch_ok(a->nb))
-		return 1;
-	return (int)bpf_loop(a->nrows, gate_up_row, &c, 0) < 0;
-}
-
-#endif /* QB_ARRAY_LAYER */
+/* ------------------------------------------------------------------ SwiGLU */
 
 struct swiglu_args {
 	u64 gate;  /* s32 Q16 [n]: gate_proj . x */
@@ -663,35 +424,12 @@ OP(swiglu_vec, struct swiglu_args)
 	return QB_EACH(swiglu_step, n, &c) ? 1 : 0;
 }
 
+/* ------------------------------------------------------------------ the Q24 matrix kernels */
+#include "q24.inc.c"
+
+/* The array memory layer (issue 35) builds, so far, only the operators above; the others follow
+ * step by step (docs/plans/array-layer.md). */
 #ifndef QB_ARRAY_LAYER
-/* ------------------------------------------------------------------ LM head + argmax */
-
-struct lm_head_args {
-	u64 w;       /* s32 Q24 [nrows][k]: rows row0.. of the LM head */
-	u64 x;       /* s32 Q16 [k] */
-	u64 y;       /* s32 Q16 [vocab] logits out (indexed by row), or 0 to skip writing them */
-	u32 k, row0, nrows;
-	u32 best;    /* out: argmax row (first on ties) */
-	s64 best_val; /* out: its logit, Q16 */
-};
-
-/* Logits for rows [row0, row0 + nrows) and their argmax, in one pass. */
-OP(lm_head_argmax, struct lm_head_args)
-{
-	struct row_ctx c = { .w = a->w, .x = a->x, .y = a->y, .stride = (u64)a->k * 4, .k = a->k,
-			     .row0 = a->row0, .nrows = a->nrows, .flag = ROWS_LOGITS, .nb = 1,
-			     .best = a->row0, .best_val = -ACT_MAX - 1 };
-	long ret;
-
-	USE_ARENA(arena);
-	if (!q24_cols_ok(a->k))
-		return 1;
-	ret = bpf_loop((a->nrows + 1) / 2, rows_pair, &c, 0);
-	a->best = c.best;
-	a->best_val = c.best_val;
-	return (int)ret < 0;
-}
-
 /* ------------------------------------------------------------------ attention */
 #include "attention.inc.c"
 

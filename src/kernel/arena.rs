@@ -150,7 +150,7 @@ impl Arena {
                 msg: format!(
                     "arena of {} bytes has {} free; `{what}` needs {len}",
                     self.len,
-                    self.len - self.next.min(self.len)
+                    self.len - self.next
                 ),
             }),
         }

@@ -252,7 +252,7 @@ impl Ops {
     /// The event path's counters: accepted, refused because every slot was busy, refused as
     /// invalid, done (read from the mapped .bss: no system call).
     pub(crate) fn event_counters(&self) -> [u64; 4] {
-        match self.skel("").ok().and_then(|s| s.maps.bss_data.as_deref()) {
+        match self.skel("the event counters").ok().and_then(|s| s.maps.bss_data.as_deref()) {
             // SAFETY: u64s the programs update atomically; each read once.
             Some(b) => unsafe {
                 [

@@ -51,7 +51,16 @@ pub(super) enum OpsObject {
 }
 
 /// The programs the array build of ops.bpf.c has so far; every other is refused by name.
-pub const ARRAY_PROGRAMS: &[&str] = &["formats", "embed", "rmsnorm", "qk_norm_rope", "swiglu_vec"];
+pub const ARRAY_PROGRAMS: &[&str] = &[
+    "formats",
+    "embed",
+    "rmsnorm",
+    "qk_norm_rope",
+    "matvec",
+    "gate_up_swiglu",
+    "swiglu_vec",
+    "lm_head_argmax",
+];
 
 /// The loaded operator programs and their arena. Dropping it unloads the programs and frees the
 /// arena (the kernel objects live exactly as long as this value).
