@@ -23,9 +23,7 @@ const GUARD: usize = 32;
 const GUARD_BYTE: u8 = 0xA5;
 
 fn ops(layer: MemoryLayer) -> Ops {
-    let mut o = Ops::load_on(64 << 20, false, layer)
-        .unwrap_or_else(|e| panic!("loading the operator programs on the {layer} layer: {e}"));
-    assert_eq!(o.layer(), layer, "the layer that loaded");
+    let mut o = common::ops_on(64 << 20, layer);
     // two threads, and every operator split between them
     o.set_threads(2);
     o.set_par_min_macs(0);
@@ -165,6 +163,11 @@ fn rm_words<'a>(f: swar::Format, m4: &'a swar::Int4Matrix, m8: &'a swar::Int8Mat
 #[test]
 fn batched_quantisation_and_swar_matvecs_equal_their_twins_per_vector() {
     batched_quantisation_and_swar_matvecs_equal_their_twins_per_vector_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_batched_quantisation_and_swar_matvecs_equal_their_twins_per_vector() {
+    batched_quantisation_and_swar_matvecs_equal_their_twins_per_vector_on(MemoryLayer::Array);
 }
 
 fn batched_quantisation_and_swar_matvecs_equal_their_twins_per_vector_on(layer: MemoryLayer) {

@@ -21,10 +21,7 @@ fn ops() -> Ops {
 }
 
 fn ops_on(layer: MemoryLayer) -> Ops {
-    let o = Ops::load_on(64 << 20, false, layer)
-        .unwrap_or_else(|e| panic!("loading the operator programs on the {layer} layer: {e}"));
-    assert_eq!(o.layer(), layer, "the layer that loaded");
-    o
+    common::ops_on(64 << 20, layer)
 }
 
 fn put<T: bytemuck::Pod>(o: &mut Ops, data: &[T]) -> Region {
@@ -485,16 +482,40 @@ fn lm_head_case(layer: MemoryLayer) {
     );
 }
 
-#[test]
-fn attention_matches_twin_over_a_long_history() {
-    let mut o = ops();
-    let mut rng = Rng(7);
-    let s = AttnShape {
+/// The Qwen3-0.6B head shape over 300 positions, and a head width that is not a multiple of the
+/// kernels' four-column steps (their remainder columns).
+const ATTENTION_SHAPES: [AttnShape; 2] = [
+    AttnShape {
         n_q: 16,
         n_kv: 8,
         hd: 128,
         max_ctx: 300,
-    };
+    },
+    AttnShape {
+        n_q: 6,
+        n_kv: 2,
+        hd: 34,
+        max_ctx: 40,
+    },
+];
+
+#[test]
+fn attention_matches_twin_over_a_long_history() {
+    for s in ATTENTION_SHAPES {
+        attention_case(MemoryLayer::Arena, s);
+    }
+}
+
+#[test]
+fn array_attention_matches_twin_over_a_long_history() {
+    for s in ATTENTION_SHAPES {
+        attention_case(MemoryLayer::Array, s);
+    }
+}
+
+fn attention_case(layer: MemoryLayer, s: AttnShape) {
+    let mut o = ops_on(layer);
+    let mut rng = Rng(7);
     let tab = fixed::exp2_table();
     let scale = fixed::attn_scale_q22(s.hd);
     let kvd = s.n_kv * s.hd;
@@ -533,7 +554,8 @@ fn attention_matches_twin_over_a_long_history() {
         assert_eq!(
             get(&o, b.out, s.n_q * s.hd),
             out,
-            "attention output at pos {pos}: BPF vs twin"
+            "attention output at pos {pos}, hd {}: BPF vs twin",
+            s.hd
         );
     }
     assert!(

@@ -12,6 +12,7 @@ mod common;
 
 use common::Rng;
 use qwen_bpf::kernel::arena::Region;
+use qwen_bpf::kernel::memory::MemoryLayer;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::kernel::swar_ops::{PackedRegions, QuantXRegion};
 use qwen_bpf::num::fixed::ACT_MAX;
@@ -19,8 +20,8 @@ use qwen_bpf::num::swar::{
     self, Format, Int4Matrix, Int8Matrix, PackedMatrix, QuantX, GROUP, W4A8, W8A16,
 };
 
-fn ops(bytes: usize) -> Ops {
-    Ops::load(bytes).expect("loading the operator programs (needs root / CAP_BPF)")
+fn ops(bytes: usize, layer: MemoryLayer) -> Ops {
+    common::ops_on(bytes, layer)
 }
 
 fn put<T: bytemuck::Pod>(o: &mut Ops, data: &[T]) -> Region {
@@ -138,7 +139,16 @@ fn check_matvec<M: PackedMatrix>(
 
 #[test]
 fn quantize_x_programs_match_twins_bit_for_bit() {
-    let mut o = ops(16 << 20);
+    quantize_x_programs_match_twins_bit_for_bit_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_quantize_x_programs_match_twins_bit_for_bit() {
+    quantize_x_programs_match_twins_bit_for_bit_on(MemoryLayer::Array);
+}
+
+fn quantize_x_programs_match_twins_bit_for_bit_on(layer: MemoryLayer) {
+    let mut o = ops(16 << 20, layer);
     let mut rng = Rng(11);
     let mut x = rng.vec(1024, 1 << 20);
     // block 0: extremes incl. i32::MIN; block 1: zeros; block 2: one huge value among tiny ones;
@@ -183,7 +193,16 @@ fn quantize_x_programs_match_twins_bit_for_bit() {
 
 #[test]
 fn w4a8_matvec_matches_twin_at_model_shapes() {
-    let mut o = ops(64 << 20);
+    w4a8_matvec_matches_twin_at_model_shapes_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_w4a8_matvec_matches_twin_at_model_shapes() {
+    w4a8_matvec_matches_twin_at_model_shapes_on(MemoryLayer::Array);
+}
+
+fn w4a8_matvec_matches_twin_at_model_shapes_on(layer: MemoryLayer) {
+    let mut o = ops(64 << 20, layer);
     let mut rng = Rng(12);
     for (rows, k) in [(1024, 1024), (3072, 1024), (1024, 3072)] {
         let m = swar::quantize_int4(&rng.weights(rows * k, 0.02), rows, k).unwrap();
@@ -216,7 +235,16 @@ fn w4a8_matvec_matches_twin_at_model_shapes() {
 
 #[test]
 fn w8a16_matvec_matches_twin_at_model_shapes() {
-    let mut o = ops(64 << 20);
+    w8a16_matvec_matches_twin_at_model_shapes_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_w8a16_matvec_matches_twin_at_model_shapes() {
+    w8a16_matvec_matches_twin_at_model_shapes_on(MemoryLayer::Array);
+}
+
+fn w8a16_matvec_matches_twin_at_model_shapes_on(layer: MemoryLayer) {
+    let mut o = ops(64 << 20, layer);
     let mut rng = Rng(13);
     for (rows, k) in [(1024, 1024), (3072, 1024), (1024, 3072)] {
         let m = swar::quantize_int8(&rng.weights(rows * k, 0.02), rows, k).unwrap();
@@ -252,7 +280,16 @@ fn w8a16_matvec_matches_twin_at_model_shapes() {
 /// (outside the documented domain, where the kernel and twin still agree bit for bit).
 #[test]
 fn swar_matvecs_match_twins_on_edge_cases() {
-    let mut o = ops(64 << 20);
+    swar_matvecs_match_twins_on_edge_cases_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_swar_matvecs_match_twins_on_edge_cases() {
+    swar_matvecs_match_twins_on_edge_cases_on(MemoryLayer::Array);
+}
+
+fn swar_matvecs_match_twins_on_edge_cases_on(layer: MemoryLayer) {
+    let mut o = ops(64 << 20, layer);
     let mut rng = Rng(14);
     let (rows, k) = (64, 256);
     let ng = k / GROUP;
@@ -413,7 +450,16 @@ fn swar_matvecs_match_twins_on_edge_cases() {
 
 #[test]
 fn swar_lm_heads_match_twins_with_ties_first() {
-    let mut o = ops(64 << 20);
+    swar_lm_heads_match_twins_with_ties_first_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_swar_lm_heads_match_twins_with_ties_first() {
+    swar_lm_heads_match_twins_with_ties_first_on(MemoryLayer::Array);
+}
+
+fn swar_lm_heads_match_twins_with_ties_first_on(layer: MemoryLayer) {
+    let mut o = ops(64 << 20, layer);
     let mut rng = Rng(15);
     let (rows, k) = (4096, 1024);
     let x = q16(&rng.activations(k));
@@ -507,7 +553,16 @@ fn swar_lm_heads_match_twins_with_ties_first() {
 
 #[test]
 fn swar_ops_refuse_mismatched_arguments() {
-    let mut o = ops(16 << 20);
+    swar_ops_refuse_mismatched_arguments_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_swar_ops_refuse_mismatched_arguments() {
+    swar_ops_refuse_mismatched_arguments_on(MemoryLayer::Array);
+}
+
+fn swar_ops_refuse_mismatched_arguments_on(layer: MemoryLayer) {
+    let mut o = ops(16 << 20, layer);
     let m4 = Int4Matrix::from_codes(16, 64, &[1; 1024], &[1 << 24; 32]);
     let m8 = Int8Matrix::from_codes(16, 64, &[1; 1024], &[1 << 24; 32]);
     let (r4, r8) = (o.upload_int4(&m4).unwrap(), o.upload_int8(&m8).unwrap());

@@ -35,6 +35,7 @@
  *                        vector, for a piece (a block of columns) that the walk reads or writes
  *                        through fixed offsets; the array build clamps it inside the element,
  *                        which for a piece of a checked vector changes nothing
+ *   QB_CAST(p)           before asm reads through p: the arena build's cast to an arena pointer
  *   QB_SX32(r)           asm text that sign-extends operand r from 32 bits (movsx in the arena
  *                        build, cpu v4; two shifts in the array build)
  *   QB_EACH_FN(fn, T) and QB_EACH(fn, n, c)   runs `static __always_inline int fn(T *c, u32 i)`
@@ -63,6 +64,7 @@
 /* QB_SX32(r): asm that sign-extends operand r from 32 bits (movsx: cpu v4, Linux 6.6) */
 #define QB_SX32(r) "%[" #r "] = (s32)%[" #r "]"
 #define QB_AT(T, v, off, bytes) ((T QB *)((char QB *)(v) + (off)))
+#define QB_CAST(p) ARENA_CAST(p)
 
 #define QB_EACH_FN(fn, T)
 #define QB_EACH(fn, n, c)                                                                   \
@@ -146,6 +148,7 @@ static __always_inline void *qb_at(struct qb_vec v, u64 off, u64 bytes)
 }
 
 #define QB_AT(T, v, off, bytes) ((T *)qb_at((v), (off), (bytes)))
+#define QB_CAST(p) ((void)0)
 
 /* 6.1 has no movsx: two shifts */
 #define QB_SX32(r) "%[" #r "] <<= 32\n\t%[" #r "] s>>= 32"

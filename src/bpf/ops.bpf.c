@@ -7,12 +7,11 @@
  * same integers. Long loops use open-coded iterators (bpf_for), so the verifier checks the
  * body once instead of once per iteration.
  *
- * One object, one arena: the operators below (the Q24 matrix kernels in q24.inc.c, included
- * after SwiGLU), then seven fragments (*.inc.c, not compiled on
+ * One object, one arena: the operators below (the Q24 matrix kernels in q24.inc.c and the
+ * low-bit SWAR kernels in swar.inc.c, included after SwiGLU), then six fragments (*.inc.c, not compiled on
  * their own) joined at the end in this order, each using what the ones before it define:
  *   tokenize.inc.c  the Qwen3 tokenizer: text -> ids (this file's arena; first, so that the
  *                   event path below can tokenize a request's text)
- *   swar.inc.c      the low-bit SWAR kernels (fixed.h's helpers, this file's arena)
  *   argmax.inc.c    the screened LM-head argmax (calls the exact heads above and swar's)
  *   kv8.inc.c       int8 KV-cache attention (the attention helpers above)
  *   sample.inc.c    the integer sampler (fixed.h's exp_neg, this file's arena)
@@ -23,7 +22,7 @@
  *   constants.inc.c the constants shared with Rust, from all of the above
  *
  * Built twice (mem.h): over the arena, and over array maps (ops_array.bpf.o), which so far has
- * formats, embed, rmsnorm, qk_norm_rope, swiglu_vec and the Q24 kernels (issue 35). */
+ * formats, embed, rmsnorm, qk_norm_rope, swiglu_vec, the Q24 and the SWAR kernels (issue 35). */
 #include "fixed.h"
 
 /* A GPL-compatible licence: the arena kfuncs and bpf_wq are GPL-only. */
@@ -427,17 +426,17 @@ OP(swiglu_vec, struct swiglu_args)
 /* ------------------------------------------------------------------ the Q24 matrix kernels */
 #include "q24.inc.c"
 
-/* The array memory layer (issue 35) builds, so far, only the operators above; the others follow
- * step by step (docs/plans/array-layer.md). */
-#ifndef QB_ARRAY_LAYER
+/* ------------------------------------------------------------------ low-bit SWAR kernels */
+#include "swar.inc.c"
+
 /* ------------------------------------------------------------------ attention */
 #include "attention.inc.c"
 
+/* The array memory layer (issue 35) builds, so far, only the operators above; the others follow
+ * step by step (docs/plans/array-layer.md). */
+#ifndef QB_ARRAY_LAYER
 /* ------------------------------------------------------------------ the tokenizer */
 #include "tokenize.inc.c"
-
-/* ------------------------------------------------------------------ low-bit SWAR kernels */
-#include "swar.inc.c"
 
 /* ------------------------------------------------------------------ screened LM-head argmax */
 #include "argmax.inc.c"

@@ -12,23 +12,52 @@
  * (Q24 weights, or code * Q24 scale, times Q16 activations). Stores the Q16 value to the s32
  * y[l], or with `residual` adds d in Q_RES to the s64 residual stream y[l] (saturating); ya 0
  * stores nothing. Returns the saturated Q16 value (the logit, for the LM heads' argmax). The
- * Q24 and the SWAR kernels share it. */
-static __always_inline s32 finish_row_q16(s64 d, u64 ya, u32 l, int residual)
+ * Q24 and the SWAR kernels share it: finish_row_q16 for one row, finish_row_in for the rows of
+ * a block whose outputs rows_out found once (an array lookup per row, in the array build). */
+#ifndef QB_ARRAY_LAYER
+typedef u64 rows_out_t; /* the arena build: the rows' address */
+
+static __always_inline rows_out_t rows_out(u64 ya, u32 n, int residual)
+{
+	return ya;
+}
+
+static __always_inline s32 finish_row_in(s64 d, rows_out_t ya, u32 l, int residual)
 {
 	s32 v = sat32(rshr(d, Q_W));
 
-	if (residual) {
-		QB_VEC_T(s64) y = QB_VEC(s64, arena, ya, l + 1);
-
-		if (QB_VEC_OK(y)) /* on arrays, the operator checked y */
-			QB_IX(s64, y, l) = sat_res(QB_IX(s64, y, l) + rshr(d, Q_W + Q_ACT - Q_RES));
-	} else if (ya) {
-		QB_VEC_T(s32) y = QB_VEC(s32, arena, ya, l + 1);
-
-		if (QB_VEC_OK(y))
-			QB_IX(s32, y, l) = v;
-	}
+	if (residual)
+		ARENA_PTR(s64, ya)[l] = sat_res(ARENA_PTR(s64, ya)[l] + rshr(d, Q_W + Q_ACT - Q_RES));
+	else if (ya)
+		ARENA_PTR(s32, ya)[l] = v;
 	return v;
+}
+#else
+typedef struct qb_vec rows_out_t; /* the array build: the rows, looked up */
+
+/* The n rows' outputs at ya, s64 with `residual`, else s32 (ya = 0: none). */
+static __always_inline rows_out_t rows_out(u64 ya, u32 n, int residual)
+{
+	rows_out_t none = {};
+
+	return ya ? QB_VEC(char, arena, ya, n * (residual ? 8 : 4)) : none;
+}
+
+static __always_inline s32 finish_row_in(s64 d, rows_out_t y, u32 l, int residual)
+{
+	s32 v = sat32(rshr(d, Q_W));
+
+	if (residual && QB_VEC_OK(y))
+		QB_IX(s64, y, l) = sat_res(QB_IX(s64, y, l) + rshr(d, Q_W + Q_ACT - Q_RES));
+	else if (QB_VEC_OK(y))
+		QB_IX(s32, y, l) = v;
+	return v;
+}
+#endif
+
+static __always_inline s32 finish_row_q16(s64 d, u64 ya, u32 l, int residual)
+{
+	return finish_row_in(d, rows_out(ya, l + 1, residual), l, residual);
 }
 
 struct matvec_args {

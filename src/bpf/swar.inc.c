@@ -128,11 +128,14 @@ struct quantize_x_args {
  * spends 81 multiplies per 256 products with a multiply here, 73 with the shift). */
 __noinline int quantize_block(u64 xa, u64 qa, u64 ba, u32 qmax)
 {
-	const s32 __arena *x = ARENA_PTR(const s32, xa);
-	s64 __arena *q = ARENA_PTR(s64, qa);
-	struct swar_xblock __arena *b = ARENA_PTR(struct swar_xblock, ba);
+	const s32 QB *x = QB_SPAN(const s32, arena, xa, SW_GROUP * 4);
+	s64 QB *q = QB_SPAN(s64, arena, qa, SW_GROUP * 8);
+	struct swar_xblock QB *b = QB_SPAN(struct swar_xblock, arena, ba, sizeof(*b));
 	u64 m = 0, sum = 0;
 	u32 e = 0;
+
+	if (!x || !q || !b) /* never, in the arena */
+		return 1;
 
 	for (int j = 0; j < SW_GROUP; j++) {
 		s64 v = x[j];
@@ -156,21 +159,32 @@ __noinline int quantize_block(u64 xa, u64 qa, u64 ba, u32 qmax)
 	return 0;
 }
 
+/* The blocks of every vector, i = vector * k/32 + block, one step each. */
+struct quantize_walk {
+	u64 x, xq;
+	u32 k, qmax, err;
+};
+
+static __always_inline int quantize_step(struct quantize_walk *c, u32 i)
+{
+	u32 groups = c->k / SW_GROUP, v = i / groups, g = i % groups;
+	u64 x = c->x + (u64)v * c->k * 4, xq = c->xq + v * SW_XQ_BYTES(c->k);
+
+	c->err = quantize_block(x + g * SW_GROUP * 4, xq + g * SW_GROUP * 8,
+				xq + (u64)c->k * 8 + g * 16, c->qmax);
+	return c->err;
+}
+QB_EACH_FN(quantize_step, struct quantize_walk)
+
 static __always_inline int quantize_x(struct quantize_x_args *a, u32 qmax)
 {
 	u32 k = a->k, nb = a->nb;
+	struct quantize_walk c = { .x = a->x, .xq = a->xq, .k = k, .qmax = qmax };
 
-	USE_ARENA(arena);
+	QB_MEM_USE(arena);
 	if (k == 0 || k % SW_GROUP || k > SW_KMAX || nb == 0 || nb > LIM_BATCH_MAX)
 		return 1;
-	FOR(v, 0, nb) {
-		u64 x = a->x + (u64)v * k * 4, xq = a->xq + v * SW_XQ_BYTES(k);
-		u64 blk = xq + (u64)k * 8;
-
-		LOOP(g, 0, k / SW_GROUP)
-			quantize_block(x + g * SW_GROUP * 4, xq + g * SW_GROUP * 8, blk + g * 16, qmax);
-	}
-	return 0;
+	return QB_EACH(quantize_step, nb * (k / SW_GROUP), &c) || c.err;
 }
 
 /* Activations for the W4A8 kernels: int8 codes in -127..127 per block of 32. */
@@ -214,19 +228,30 @@ static __always_inline u64 lane(u64 q, int l, int lanes, int bits)
 	return ((q >> (bits * l)) & ((1ULL << bits) - 1)) - (1ULL << (bits - 1));
 }
 
-/* The end of a row block: y = sat(round(acc / 2^24)) in Q16, written unless ya == 0, or in
- * accumulate mode y += round(acc / 2^8) into the s64 Q32 residual stream; returns the block's
- * best row packed as logit * 8 + 7 - l, so that the larger packed value is the larger logit and,
- * on ties, the lower row. */
-static __always_inline s64 finish_row(u64 acc, u64 ya, int l, u32 mode)
+/* The end of a row block: y = sat(round(acc / 2^24)) in Q16 into y (rows_out: none, in argmax
+ * mode), or with `residual` y += round(acc / 2^8) into the s64 Q32 residual stream; returns the
+ * block's best row packed as logit * 8 + 7 - l, so that the larger packed value is the larger
+ * logit and, on ties, the lower row. `residual` is a constant and y found once, for all the
+ * rows: a test and a lookup per row made 6.18's verifier walk every combination of their
+ * outcomes. */
+static __always_inline s64 finish_rows(const u64 *acc, rows_out_t y, const int rows,
+				       const int residual)
 {
-	return (s64)finish_row_q16((s64)acc, ya, l, mode == SW_MODE_ACCUMULATE) * 8 + (7 - l);
+	s64 best = -(1LL << 62), p;
+
+#pragma unroll
+	for (int l = 0; l < rows; l++) {
+		p = (s64)finish_row_in((s64)acc[l], y, l, residual) * 8 + (7 - l);
+		best = p > best ? p : best;
+	}
+	return best;
 }
 
 /* A row block's words unpacked once for a batch: u[(4 q + c) * 2 + h] = (w[q][h] >> c * cb) & m
  * (cb = 4 with W4's mask, 8 with W8's), the very lane words that SW_QUAD_PACKED forms for column 4q + c,
  * so that the batched kernels spend no shift or mask per vector. wa = the block's [k/4][2]
  * words, ua = 16 k bytes of scratch. k / 4 <= 4096 iterations. */
+#ifndef QB_ARRAY_LAYER
 __noinline int swar_unpack(u64 wa, u64 ua, u32 k, u32 w8)
 {
 	const u64 __arena *w = ARENA_PTR(const u64, wa);
@@ -244,86 +269,218 @@ __noinline int swar_unpack(u64 wa, u64 ua, u32 k, u32 w8)
 	}
 	return 0;
 }
+#else
+/* The array build: a bpf_loop callback per 4 columns (6.1 would walk k / 4 <= 4096 steps). */
+struct unpack_walk {
+	QB_VEC_T(const u64) w; /* [k/4][2] */
+	QB_VEC_T(u64) u;       /* [k/4][4][2] */
+	u64 m, cb;
+};
 
-/* One row block times quantised x: w8 = 0 for eight rows of W4 (four 16-bit lanes per word,
- * bias 8), 1 for four rows of W8 (two 32-bit lanes, bias 128), a compile-time constant. wa = the
- * block's [k/4][2] words, or with `unpacked` its swar_unpack scratch, sa = its [k/32][rows]
- * scales, xqa = the quantised activations, ya = &y[first row] or 0, k_mode = k | mode << 32.
- * Both forms add the same products in the same order. Returns the block's best row as
- * finish_row packs it. */
-static __always_inline s64 swar_rows(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode, const int w8,
-				     const int unpacked)
+static __always_inline int unpack_step(struct unpack_walk *c, u32 q)
 {
-	const int lanes = w8 ? 2 : 4, bits = w8 ? 32 : 16, rows = 2 * lanes;
-	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
+	const u64 QB *w = QB_AT(const u64, c->w, q * 16ull, 16);
+	u64 QB *u = QB_AT(u64, c->u, q * 64ull, 64);
+	u64 v0 = w[0], v1 = w[1];
+
+#pragma unroll
+	for (int j = 0; j < 4; j++) {
+		u[2 * j] = (v0 >> (c->cb * j)) & c->m;
+		u[2 * j + 1] = (v1 >> (c->cb * j)) & c->m;
+	}
+	return 0;
+}
+QB_EACH_FN(unpack_step, struct unpack_walk)
+
+__noinline int swar_unpack(u64 wa, u64 ua, u32 k, u32 w8)
+{
+	struct unpack_walk c = { .w = QB_VEC(const u64, arena, wa, k / 2),
+				 .u = QB_VEC(u64, arena, ua, k * 2),
+				 .m = w8 ? SW8_MASK : SW4_MASK, .cb = w8 ? 8 : 4 };
+
+	if (k > SW_KMAX || !QB_VEC_OK(c.w) || !QB_VEC_OK(c.u))
+		return 1;
+	return QB_EACH(unpack_step, k / 4, &c);
+}
+#endif
+
+/* The products of one group of 32 columns: a0 (the row block's first half of rows, one lane
+ * each) and a1 (the second half) from the group's words wp (packed, or with `unpacked` from
+ * swar_unpack) and activations xp. w8 = 0 for eight rows of W4 (four 16-bit lanes per word,
+ * bias 8), 1 for four rows of W8 (two 32-bit lanes, bias 128); w8 and `unpacked` are
+ * compile-time constants. Both forms add the same products in the same order. */
+static __always_inline void swar_group_macs(const u64 QB *wp, const s64 QB *xp, u64 m, u64 *a0p,
+					    u64 *a1p, const int w8, const int unpacked)
+{
+	u64 a0 = 0, a1 = 0;
+
+	QB_CAST(wp);
+	QB_CAST(xp);
+	if (unpacked) {
+		u64 xv, t0, t1;
+
+		SW_UQUAD(a0, a1, wp, xp, 0, xv, t0, t1);
+		SW_UQUAD(a0, a1, wp, xp, 1, xv, t0, t1);
+		SW_UQUAD(a0, a1, wp, xp, 2, xv, t0, t1);
+		SW_UQUAD(a0, a1, wp, xp, 3, xv, t0, t1);
+		SW_UQUAD(a0, a1, wp, xp, 4, xv, t0, t1);
+		SW_UQUAD(a0, a1, wp, xp, 5, xv, t0, t1);
+		SW_UQUAD(a0, a1, wp, xp, 6, xv, t0, t1);
+		SW_UQUAD(a0, a1, wp, xp, 7, xv, t0, t1);
+	} else {
+		const int cb = w8 ? 8 : 4;
+		u64 v0, v1, xv, t;
+
+		SW_QUAD_PACKED(a0, a1, wp, xp, 0, m, cb, v0, v1, xv, t);
+		SW_QUAD_PACKED(a0, a1, wp, xp, 1, m, cb, v0, v1, xv, t);
+		SW_QUAD_PACKED(a0, a1, wp, xp, 2, m, cb, v0, v1, xv, t);
+		SW_QUAD_PACKED(a0, a1, wp, xp, 3, m, cb, v0, v1, xv, t);
+		SW_QUAD_PACKED(a0, a1, wp, xp, 4, m, cb, v0, v1, xv, t);
+		SW_QUAD_PACKED(a0, a1, wp, xp, 5, m, cb, v0, v1, xv, t);
+		SW_QUAD_PACKED(a0, a1, wp, xp, 6, m, cb, v0, v1, xv, t);
+		SW_QUAD_PACKED(a0, a1, wp, xp, 7, m, cb, v0, v1, xv, t);
+	}
+	*a0p = a0;
+	*a1p = a1;
+}
+
+/* The end of a group: A + kx removes the weights' bias (bias * S per lane) and lifts the lower
+ * lanes by half their range, then acc += (D * s) << e per row, in u64 (wrapping exactly like
+ * the twin); b is the group's activation block, s its rows' scales. */
+static __always_inline void swar_group_add(u64 a0, u64 a1, const struct swar_xblock QB *b,
+					   const u32 QB *s, u64 *acc, const int w8)
+{
+	const int lanes = w8 ? 2 : 4, bits = w8 ? 32 : 16;
+	u64 kx, e;
+
+	if (w8)
+		kx = SW8_HALF - (u64)(128 * b->sum) * SW8_ONES;
+	else
+		kx = SW4_HALF - (u64)(8 * b->sum) * SW4_ONES;
+	e = (u64)b->shift;
+	a0 += kx;
+	a1 += kx;
+#pragma unroll
+	for (int l = 0; l < lanes; l++) {
+		acc[l] += lane(a0, l, lanes, bits) * s[l] << e;
+		acc[lanes + l] += lane(a1, l, lanes, bits) * s[lanes + l] << e;
+	}
+}
+
+#ifndef QB_ARRAY_LAYER
+/* The groups of one row block: wa = the block's [k/4][2] words, or with `unpacked` its
+ * swar_unpack scratch ([k/4][4][2]), sa = its [k/32][rows] scales, xqa = the quantised
+ * activations, k columns; the rows' sums into acc. The arena build walks the groups in a
+ * can_loop loop. */
+static __always_inline void swar_groups(u64 wa, u64 sa, u64 xqa, u32 k, u64 *acc, const int w8,
+					const int unpacked)
+{
+	const int rows = w8 ? 4 : 8;
 	u64 xba = xqa + (u64)k * 8;
-	u64 acc[8] = {};
 	u64 m = w8 ? SW8_MASK : SW4_MASK;
-	s64 best = -(1LL << 62), p;
 
 	asm volatile("" : "+r"(m)); /* keep the mask in a register */
 	for (u32 g = 0; g < k / SW_GROUP && can_loop; g++) {
-		const u64 __arena *w = ARENA_PTR(const u64, wa) + g * 16;
-		const s64 __arena *x = ARENA_PTR(const s64, xqa) + g * SW_GROUP;
-		const u32 __arena *s = ARENA_PTR(const u32, sa) + g * rows;
-		const struct swar_xblock __arena *b = ARENA_PTR(const struct swar_xblock, xba) + g;
-		u64 a0 = 0, a1 = 0; /* the block's first and second half of rows, one lane each */
-		u64 kx, e;
+		u64 a0, a1;
 
-		if (unpacked) {
-			const u64 __arena *up = ARENA_PTR(const u64, wa) + g * 64;
-			const s64 __arena *xp = x;
-			u64 xv, t0, t1;
+		swar_group_macs(ARENA_PTR(const u64, wa) + g * (unpacked ? 64 : 16),
+				ARENA_PTR(const s64, xqa) + g * SW_GROUP, m, &a0, &a1, w8, unpacked);
+		swar_group_add(a0, a1, ARENA_PTR(const struct swar_xblock, xba) + g,
+			       ARENA_PTR(const u32, sa) + g * rows, acc, w8);
+	}
+}
+#else
+/* The array build: one bpf_loop callback a group (6.1's verifier would walk a bounded loop of
+ * k/32 groups one by one), finding its pieces through the block's checked vectors: the words,
+ * the scales, and the activations (SW_XQ_BYTES(k): s64 [k], then their blocks at xb). The walk
+ * is small: on Linux 6.1 the stacks of the six frames from the program to this callback must
+ * fit in 512 bytes. */
+struct swar_walk {
+	struct qb_vec w, s, x;
+	u64 xb;
+	u64 acc[8];
+};
 
-			ARENA_CAST(up);
-			ARENA_CAST(xp);
-			SW_UQUAD(a0, a1, up, xp, 0, xv, t0, t1);
-			SW_UQUAD(a0, a1, up, xp, 1, xv, t0, t1);
-			SW_UQUAD(a0, a1, up, xp, 2, xv, t0, t1);
-			SW_UQUAD(a0, a1, up, xp, 3, xv, t0, t1);
-			SW_UQUAD(a0, a1, up, xp, 4, xv, t0, t1);
-			SW_UQUAD(a0, a1, up, xp, 5, xv, t0, t1);
-			SW_UQUAD(a0, a1, up, xp, 6, xv, t0, t1);
-			SW_UQUAD(a0, a1, up, xp, 7, xv, t0, t1);
-		} else {
-			const u64 __arena *wp = w;
-			const s64 __arena *xp = x;
-			const int cb = w8 ? 8 : 4;
-			u64 v0, v1, xv, t;
+static __always_inline int swar_group(struct swar_walk *c, u32 g, const int w8, const int unpacked)
+{
+	const int rows = w8 ? 4 : 8;
+	u64 a0, a1, m = w8 ? SW8_MASK : SW4_MASK;
 
-			ARENA_CAST(wp);
-			ARENA_CAST(xp);
-			SW_QUAD_PACKED(a0, a1, wp, xp, 0, m, cb, v0, v1, xv, t);
-			SW_QUAD_PACKED(a0, a1, wp, xp, 1, m, cb, v0, v1, xv, t);
-			SW_QUAD_PACKED(a0, a1, wp, xp, 2, m, cb, v0, v1, xv, t);
-			SW_QUAD_PACKED(a0, a1, wp, xp, 3, m, cb, v0, v1, xv, t);
-			SW_QUAD_PACKED(a0, a1, wp, xp, 4, m, cb, v0, v1, xv, t);
-			SW_QUAD_PACKED(a0, a1, wp, xp, 5, m, cb, v0, v1, xv, t);
-			SW_QUAD_PACKED(a0, a1, wp, xp, 6, m, cb, v0, v1, xv, t);
-			SW_QUAD_PACKED(a0, a1, wp, xp, 7, m, cb, v0, v1, xv, t);
-		}
-		/* A + kx: remove the weights' bias (bias * S per lane), lift the lower lanes by half
-		 * their range */
-		if (w8)
-			kx = SW8_HALF - (u64)(128 * b->sum) * SW8_ONES;
+	asm volatile("" : "+r"(m)); /* keep the mask in a register */
+	swar_group_macs(QB_AT(const u64, c->w, g * (unpacked ? 512ull : 128ull), unpacked ? 512 : 128),
+			QB_AT(const s64, c->x, g * SW_GROUP * 8ull, SW_GROUP * 8), m, &a0, &a1, w8,
+			unpacked);
+	/* the block and the scales found after the multiplies, which use nine of the ten
+	 * registers (found before, they would be spilled) */
+	swar_group_add(a0, a1, QB_AT(const struct swar_xblock, c->x, c->xb + g * 16, 16),
+		       QB_AT(const u32, c->s, g * rows * 4ull, rows * 4), c->acc, w8);
+	return 0;
+}
+
+/* The four forms' group steps: name, w8, unpacked. */
+#define SWAR_GROUP_STEP(name, w8, unpacked)                                                 \
+	static __always_inline int name(struct swar_walk *c, u32 g)                         \
+	{                                                                                   \
+		return swar_group(c, g, w8, unpacked);                                      \
+	}                                                                                   \
+	QB_EACH_FN(name, struct swar_walk)
+
+SWAR_GROUP_STEP(w4_group, 0, 0)
+SWAR_GROUP_STEP(w8_group, 1, 0)
+SWAR_GROUP_STEP(w4_group_unpacked, 0, 1)
+SWAR_GROUP_STEP(w8_group_unpacked, 1, 1)
+
+/* swar_groups of the arena build, over checked vectors: a block or activations the operator
+ * did not check leave acc 0 (the operators check every block first). */
+static __always_inline void swar_groups(u64 wa, u64 sa, u64 xqa, u32 k, u64 *acc, const int w8,
+					const int unpacked)
+{
+	const int rows = w8 ? 4 : 8;
+	u32 groups = k / SW_GROUP;
+	struct swar_walk c = {
+		.w = QB_VEC(const u64, arena, wa, unpacked ? (u64)k * 2 : (u64)k / 2),
+		.s = QB_VEC(const u32, arena, sa, rows * groups),
+		.x = QB_VEC(const char, arena, xqa, SW_XQ_BYTES(k)),
+		.xb = (u64)k * 8,
+	};
+
+	if (QB_VEC_OK(c.w) && QB_VEC_OK(c.s) && QB_VEC_OK(c.x)) {
+		if (unpacked && w8)
+			QB_EACH(w8_group_unpacked, groups, &c);
+		else if (unpacked)
+			QB_EACH(w4_group_unpacked, groups, &c);
+		else if (w8)
+			QB_EACH(w8_group, groups, &c);
 		else
-			kx = SW4_HALF - (u64)(8 * b->sum) * SW4_ONES;
-		e = (u64)b->shift;
-		a0 += kx;
-		a1 += kx;
-		/* acc += (D * s) << e, in u64 (wrapping exactly like the twin) */
-#pragma unroll
-		for (int l = 0; l < lanes; l++) {
-			acc[l] += lane(a0, l, lanes, bits) * s[l] << e;
-			acc[lanes + l] += lane(a1, l, lanes, bits) * s[lanes + l] << e;
-		}
+			QB_EACH(w4_group, groups, &c);
 	}
 #pragma unroll
-	for (int l = 0; l < rows; l++) {
-		p = finish_row(acc[l], ya, l, mode);
-		best = p > best ? p : best;
-	}
-	return best;
+	for (int l = 0; l < 8; l++)
+		acc[l] = c.acc[l];
+}
+#endif
+
+/* Whether a row block's words (packed, or unpacked when `unpacked`) and scales lie in one element
+ * each (always, in the arena). */
+static __always_inline int swar_block_ok(u64 wa, u64 sa, u32 k, const int w8, const int unpacked)
+{
+	return QB_VEC_OK(QB_VEC(const u64, arena, wa, unpacked ? (u64)k * 2 : (u64)k / 2)) &&
+	       QB_VEC_OK(QB_VEC(const u32, arena, sa, (w8 ? 4 : 8) * (k / SW_GROUP)));
+}
+
+/* One row block times quantised x (swar_groups), ya = &y[first row] or 0, k_mode = k | mode <<
+ * 32. Returns the block's best row as finish_row packs it. */
+static __always_inline s64 swar_rows(u64 wa, u64 sa, u64 xqa, u64 ya, u64 k_mode, const int w8,
+				     const int unpacked)
+{
+	const int rows = w8 ? 4 : 8;
+	u32 k = (u32)k_mode, mode = (u32)(k_mode >> 32);
+	u64 acc[8] = {};
+
+	swar_groups(wa, sa, xqa, k, acc, w8, unpacked);
+	if (mode == SW_MODE_ACCUMULATE)
+		return finish_rows(acc, rows_out(ya, rows, 1), rows, 1);
+	return finish_rows(acc, rows_out(ya, rows, 0), rows, 0);
 }
 
 /* Eight rows of W4 (swar_rows). A global function: the verifier checks it once, but walks its
@@ -356,11 +513,9 @@ __noinline s64 w8a16_rows4_unpacked(u64 ua, u64 sa, u64 xqa, u64 ya, u64 k_mode)
 
 struct swar_ctx {
 	u64 w, s, xq, y;
-	u64 wstride, sstride; /* bytes of words and of scales per row block */
-	u64 ysize;            /* bytes per y element: 8 for the residual stream, else 4 */
-	u64 xqstride, ystride; /* bytes between the vectors of xq and of y */
+	u64 ystride;           /* bytes between the vectors of y */
 	u64 unpack;            /* the unpacked row block's scratch, or 0 */
-	u32 k, block0, mode, best, nb, pad;
+	u32 k, block0, mode, best, nb, err;
 	s64 best_val;
 };
 
@@ -375,6 +530,7 @@ static __always_inline void keep_best(struct swar_ctx *c, s64 packed, u32 rows_p
 	}
 }
 
+#ifndef QB_ARRAY_LAYER
 /* Row block i times each of the nb vectors in turn: the block's words and scales stay in the L1
  * cache, so that a prefill block reads them from memory once, and with scratch (c->unpack) they
  * are unpacked once for all the vectors. w8 selects the W8 kernel (four rows per block) over the
@@ -383,14 +539,16 @@ static __always_inline long swar_block(u64 i, struct swar_ctx *c, const int w8)
 {
 	const u32 rpb = w8 ? 4 : 8;
 	u64 blk = c->block0 + i;
-	u64 wa = c->w + blk * c->wstride, sa = c->s + blk * c->sstride;
+	u64 wa = c->w + blk * (rpb * c->k / (w8 ? 1 : 2));
+	u64 sa = c->s + blk * (rpb * (c->k / SW_GROUP) * 4);
 	u64 ua = c->nb > 1 ? c->unpack : 0;
+	u64 ysize = c->mode == SW_MODE_ACCUMULATE ? 8 : 4;
 
 	if (ua)
 		swar_unpack(wa, ua, c->k, w8);
 	for (u32 b = 0; b < c->nb && can_loop; b++) { /* nb <= LIM_BATCH_MAX */
-		u64 xqa = c->xq + b * c->xqstride;
-		u64 ya = c->y ? c->y + b * c->ystride + blk * rpb * c->ysize : 0;
+		u64 xqa = c->xq + b * SW_XQ_BYTES(c->k);
+		u64 ya = c->y ? c->y + b * c->ystride + blk * rpb * ysize : 0;
 		u64 k_mode = c->k | (u64)c->mode << 32;
 		s64 p;
 
@@ -406,6 +564,67 @@ static __always_inline long swar_block(u64 i, struct swar_ctx *c, const int w8)
 	}
 	return 0;
 }
+#else
+/* The array build: the batch's vectors as bpf_loop callbacks (6.1 would walk a bounded loop of
+ * LIM_BATCH_MAX), each block checked whole first. */
+/* One vector of a batch times row block blk (swar_block's step). */
+struct swar_vec_walk {
+	struct swar_ctx *c;
+	u64 blk, wa, sa, ua;
+};
+
+static __always_inline int swar_vec_step(struct swar_vec_walk *v, u32 b, const int w8)
+{
+	struct swar_ctx *c = v->c;
+	const u32 rpb = w8 ? 4 : 8;
+	u64 xqa = c->xq + b * SW_XQ_BYTES(c->k);
+	u64 ysize = c->mode == SW_MODE_ACCUMULATE ? 8 : 4;
+	u64 ya = c->y ? c->y + b * c->ystride + v->blk * rpb * ysize : 0;
+	u64 k_mode = c->k | (u64)c->mode << 32;
+	s64 p;
+
+	if (v->ua)
+		p = w8 ? w8a16_rows4_unpacked(v->ua, v->sa, xqa, ya, k_mode)
+		       : w4a8_rows8_unpacked(v->ua, v->sa, xqa, ya, k_mode);
+	else
+		p = w8 ? w8a16_rows4(v->wa, v->sa, xqa, ya, k_mode)
+		       : w4a8_rows8(v->wa, v->sa, xqa, ya, k_mode);
+	if (c->mode == SW_MODE_ARGMAX)
+		keep_best(c, p, rpb, v->blk);
+	return 0;
+}
+
+static __always_inline int w4_vec_step(struct swar_vec_walk *v, u32 b)
+{
+	return swar_vec_step(v, b, 0);
+}
+QB_EACH_FN(w4_vec_step, struct swar_vec_walk)
+
+static __always_inline int w8_vec_step(struct swar_vec_walk *v, u32 b)
+{
+	return swar_vec_step(v, b, 1);
+}
+QB_EACH_FN(w8_vec_step, struct swar_vec_walk)
+
+/* swar_block of the arena build; a block that crosses an element's end stops the loop with
+ * c->err. */
+static __always_inline long swar_block(u64 i, struct swar_ctx *c, const int w8)
+{
+	u64 blk = c->block0 + i;
+	const u64 rpb = w8 ? 4 : 8; /* rows per block: bytes of words per block rpb * k / (w8 ? 1 : 2) */
+	struct swar_vec_walk v = { .c = c, .blk = blk,
+				   .wa = c->w + blk * (rpb * c->k / (w8 ? 1 : 2)),
+				   .sa = c->s + blk * (rpb * (c->k / SW_GROUP) * 4),
+				   .ua = c->nb > 1 ? c->unpack : 0 };
+
+	if (!swar_block_ok(v.wa, v.sa, c->k, w8, 0) || (v.ua && swar_unpack(v.wa, v.ua, c->k, w8)) ||
+	    (w8 ? QB_EACH(w8_vec_step, c->nb, &v) : QB_EACH(w4_vec_step, c->nb, &v))) {
+		c->err = 1;
+		return 1;
+	}
+	return 0;
+}
+#endif
 
 static long w4a8_block(u64 i, struct swar_ctx *c)
 {
@@ -425,27 +644,30 @@ static __always_inline int swar_run(struct swar_mv_args *a, u32 rpb, int w8, int
 	u32 k = a->k, row0 = a->row0, nrows = a->nrows;
 	struct swar_ctx c = {
 		.w = a->w, .s = a->s, .xq = a->xq, .y = a->y,
-		.wstride = (u64)rpb * k / (w8 ? 1 : 2), .sstride = (u64)rpb * (k / SW_GROUP) * 4,
 		.k = k, .block0 = row0 / rpb, .best = row0, .best_val = -ACT_MAX - 1,
 		.mode = argmax ? SW_MODE_ARGMAX : (a->accumulate ? SW_MODE_ACCUMULATE : SW_MODE_STORE),
-		.ysize = !argmax && a->accumulate ? 8 : 4,
-		.nb = a->nb, .xqstride = SW_XQ_BYTES(k), .ystride = a->ystride, .unpack = a->unpack,
+		.nb = a->nb, .ystride = a->ystride, .unpack = a->unpack,
 	};
 	long ret;
 
-	USE_ARENA(arena);
+	QB_MEM_USE(arena);
 	if (k == 0 || k % SW_GROUP || k > SW_KMAX || row0 % rpb || nrows % rpb)
 		return 1;
 	if (a->nb == 0 || a->nb > LIM_BATCH_MAX || (argmax && a->nb != 1))
 		return 1;
 	if (!argmax && !c.y)
 		return 1;
+	/* the array layer: every vector of xq, y's rows and the unpack scratch in one element */
+	if (!QB_VEC_OK(QB_VEC(char, arena, a->xq, a->nb * SW_XQ_BYTES(k))) ||
+	    !rows_out_ok(a->y, a->ystride, a->nb, row0, nrows, c.mode == SW_MODE_ACCUMULATE ? 8 : 4) ||
+	    (a->nb > 1 && a->unpack && !QB_VEC_OK(QB_VEC(u64, arena, a->unpack, (u64)k * 2))))
+		return 1;
 	ret = bpf_loop(nrows / rpb, w8 ? (void *)w8a16_block : (void *)w4a8_block, &c, 0);
 	if (argmax) {
 		a->best = c.best;
 		a->best_val = c.best_val;
 	}
-	return (int)ret < 0;
+	return (int)ret < 0 || c.err;
 }
 
 /* y[r] (+)= W4 x for r in [row0, row0 + nrows), x from quantize_x8. */

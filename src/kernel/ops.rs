@@ -60,6 +60,13 @@ pub const ARRAY_PROGRAMS: &[&str] = &[
     "gate_up_swiglu",
     "swiglu_vec",
     "lm_head_argmax",
+    "quantize_x8",
+    "quantize_x16",
+    "w4a8_matvec",
+    "w8a16_matvec",
+    "w4a8_lm_head_argmax",
+    "w8a16_lm_head_argmax",
+    "attention",
 ];
 
 /// The loaded operator programs and their arena. Dropping it unloads the programs and frees the

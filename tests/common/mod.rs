@@ -27,6 +27,18 @@ pub mod safety;
 pub mod serve;
 pub mod wire;
 
+/// The operator programs on `layer`, in `bytes` of memory; panics naming the layer when it does
+/// not load, and checks that the layer asked for is the one that loaded.
+pub fn ops_on(
+    bytes: usize,
+    layer: qwen_bpf::kernel::memory::MemoryLayer,
+) -> qwen_bpf::kernel::ops::Ops {
+    let o = qwen_bpf::kernel::ops::Ops::load_on(bytes, false, layer)
+        .unwrap_or_else(|e| panic!("loading the operator programs on the {layer} layer: {e}"));
+    assert_eq!(o.layer(), layer, "the layer that loaded");
+    o
+}
+
 /// The workspace root (the directory holding `Cargo.lock`), from this package's or a member's
 /// manifest directory.
 pub fn workspace_root() -> &'static Path {
