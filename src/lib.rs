@@ -91,6 +91,7 @@ pub use hf::default_model::{default_model_dir, ensure_default_model, TOKENIZER_E
 pub use hf::tokenizer::{TextStream, Tokenizer};
 pub use kernel::check_kernel;
 pub use kernel::features::{probe, Feature, ProbeReport};
+pub use kernel::memory::MemoryLayer;
 pub use kernel::pins::XdpMode;
 pub use kernel::report::{program_loads, ProgramLoad};
 pub use kernel::tokenize::KernelTokenizer;

@@ -8,13 +8,14 @@ mod common;
 
 use common::Rng;
 use qwen_bpf::kernel::arena::Region;
+use qwen_bpf::kernel::memory::MemoryLayer;
 use qwen_bpf::kernel::operators::{kv8_pairs, AttentionI8Buffers};
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::fixed::{self, AttnShape};
 use qwen_bpf::num::kv8;
 
-fn ops() -> Ops {
-    Ops::load(256 << 20).expect("loading the operator programs (needs root / CAP_BPF)")
+fn ops(layer: MemoryLayer) -> Ops {
+    common::ops_on(256 << 20, layer)
 }
 
 /// Key smoothing shifts with a few large ones (k_norm outlier pairs), up to the largest.
@@ -66,8 +67,8 @@ fn head<T: bytemuck::Pod>(o: &Ops, r: Region, stride: usize, j: usize, n: usize)
     o.arena.slice::<T>(r).unwrap()
 }
 
-fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool, pad: usize) {
-    let mut o = ops();
+fn check(layer: MemoryLayer, s: AttnShape, threads: usize, seed: u64, extremes: bool, pad: usize) {
+    let mut o = ops(layer);
     o.set_threads(threads);
     o.set_par_min_macs(0); // split kv heads across the threads at every position
     let mut rng = Rng(seed);
@@ -124,7 +125,7 @@ fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool, pad: usize) {
         assert_eq!(
             o.arena.slice::<i32>(b.out).unwrap(),
             &out[..],
-            "{s:?}, {threads} thread(s): attention output at pos {pos}, BPF vs twin"
+            "{s:?}, {threads} thread(s), {layer} layer: attention output at pos {pos}, BPF vs twin"
         );
     }
     assert!(
@@ -135,6 +136,15 @@ fn check(s: AttnShape, threads: usize, seed: u64, extremes: bool, pad: usize) {
 
 #[test]
 fn int8_attention_matches_twin_qwen3_shape() {
+    int8_attention_matches_twin_qwen3_shape_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_int8_attention_matches_twin_qwen3_shape() {
+    int8_attention_matches_twin_qwen3_shape_on(MemoryLayer::Array);
+}
+
+fn int8_attention_matches_twin_qwen3_shape_on(layer: MemoryLayer) {
     let s = AttnShape {
         n_q: 16,
         n_kv: 8,
@@ -143,15 +153,25 @@ fn int8_attention_matches_twin_qwen3_shape() {
         // eight-row steps, a second block, and every remainder n % 8
         max_ctx: 270,
     };
-    check(s, 1, 11, true, 0);
+    check(layer, s, 1, 11, true, 0);
     // kv heads apart by more than their rows, as the model's page-aligned parts are
-    check(s, 2, 16, false, 4096 + 12);
+    check(layer, s, 2, 16, false, 4096 + 12);
 }
 
 #[test]
 fn int8_attention_matches_twin_on_two_threads_and_odd_groups() {
+    int8_attention_matches_twin_on_two_threads_and_odd_groups_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_int8_attention_matches_twin_on_two_threads_and_odd_groups() {
+    int8_attention_matches_twin_on_two_threads_and_odd_groups_on(MemoryLayer::Array);
+}
+
+fn int8_attention_matches_twin_on_two_threads_and_odd_groups_on(layer: MemoryLayer) {
     // group of three (a pair and a single head), head_dim not a multiple of four
     check(
+        layer,
         AttnShape {
             n_q: 6,
             n_kv: 2,
@@ -165,6 +185,7 @@ fn int8_attention_matches_twin_on_two_threads_and_odd_groups() {
     );
     // no GQA (single heads only), wide heads
     check(
+        layer,
         AttnShape {
             n_q: 2,
             n_kv: 2,
@@ -178,6 +199,7 @@ fn int8_attention_matches_twin_on_two_threads_and_odd_groups() {
     );
     // one kv head for four query heads, hd at the lane algebra's limit
     check(
+        layer,
         AttnShape {
             n_q: 4,
             n_kv: 1,
@@ -246,7 +268,8 @@ fn int8_attention_is_close_to_exact_attention() {
 
 #[test]
 fn a_bpf_store_to_an_uncommitted_page_is_dropped_and_commit_makes_it_land() {
-    let mut o = ops();
+    // the arena's lazily allocated pages (array maps are allocated whole when created)
+    let mut o = ops(MemoryLayer::Arena);
     let s = AttnShape {
         n_q: 2,
         n_kv: 1,

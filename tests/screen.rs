@@ -7,7 +7,7 @@
 mod common;
 
 use common::Rng;
-use qwen_bpf::kernel::ops::Ops;
+use qwen_bpf::kernel::memory::MemoryLayer;
 use qwen_bpf::kernel::swar_ops::ExactHead;
 use qwen_bpf::num::bound::{self as screen, Screen, ScreenWeights};
 use qwen_bpf::num::fixed::{self, rshr, sat32};
@@ -359,7 +359,7 @@ fn adversarial_heads_defeat_the_screen_not_the_answer() {
             }
         }
     }
-    bpf_matches(&cases);
+    bpf_matches(&cases, MemoryLayer::Arena);
 }
 
 /// The bound holds for every row of random heads (magnitudes 2^10..2^26 Q24, activations
@@ -381,11 +381,11 @@ fn the_bound_is_never_violated() {
 }
 
 /// Runs `screen_argmax` in BPF on each case with each screen and exact head, against the twin
-/// (candidates and answer) and against the full exact head's BPF argmax.
-fn bpf_matches(cases: &[Case]) {
+/// (candidates and answer) and against the full exact head's BPF argmax, on one memory layer.
+fn bpf_matches(cases: &[Case], layer: MemoryLayer) {
     for c in cases {
         // One load per case (loading verifies every program: seconds on a busy machine).
-        let mut ops = Ops::load((c.rows * c.k * 4) * 6 + (16 << 20)).expect("loading BPF");
+        let mut ops = common::ops_on((c.rows * c.k * 4) * 6 + (16 << 20), layer);
         for (format, kind) in [(W4A8, Exact::Q24), (W8A16, Exact::Q24), (W4A8, Exact::W8)] {
             let (w, y, xe) = c.exact(kind);
             let scr = build(format, &w, c.rows, c.k);
@@ -437,7 +437,7 @@ fn bpf_matches(cases: &[Case]) {
                 .unwrap()
                 .expect("screened");
             let r = head.last.unwrap();
-            let what = format!("{} {} {kind:?}", c.name, format.name);
+            let what = format!("{layer} layer, {} {} {kind:?}", c.name, format.name);
             assert_eq!(got, full, "{what}: BPF screened vs the full head");
             assert_eq!(bpf_full, full, "{what}: BPF full head vs its twin");
             assert_eq!(r.lower, lower, "{what}: L");
@@ -456,6 +456,17 @@ fn bpf_matches(cases: &[Case]) {
 
 #[test]
 fn bpf_screen_argmax_matches_its_twin_and_the_full_head() {
+    bpf_screen_argmax_matches_its_twin_and_the_full_head_on(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_bpf_screen_argmax_matches_its_twin_and_the_full_head() {
+    bpf_screen_argmax_matches_its_twin_and_the_full_head_on(MemoryLayer::Array);
+    // and the adversarial heads (their own test runs them on the arena)
+    bpf_matches(&adversarial(&mut Rng(0x5c4ee9)), MemoryLayer::Array);
+}
+
+fn bpf_screen_argmax_matches_its_twin_and_the_full_head_on(layer: MemoryLayer) {
     let mut rng = Rng(0xa11ce);
     let cases: Vec<Case> = (0..6)
         .map(|i| {
@@ -467,5 +478,5 @@ fn bpf_screen_argmax_matches_its_twin_and_the_full_head() {
             )
         })
         .collect();
-    bpf_matches(&cases);
+    bpf_matches(&cases, layer);
 }

@@ -73,7 +73,8 @@ __noinline int axpy_head(u64 acca, u64 va, s64 p, u32 hd)
 /* dot_head and axpy_head of the array build: the same sums over checked vectors, as loops
  * bounded by constants (LIM_HEAD_DIM_MAX; global functions, verified once, whose loop exits lead
  * straight to the return). barrier_var keeps clang from folding the two exits into one test
- * against min(hd, 512), a bound the verifier cannot follow. Vectors the operator did not check give 0 and change nothing (it checks them). */
+ * against min(hd, 512), a bound the verifier cannot follow. Vectors the operator did not check
+ * give 0 and change nothing (it checks them). */
 __noinline s64 dot_head(u64 qa, u64 ka, u32 hd)
 {
 	QB_VEC_T(const s32) q = QB_VEC(const s32, arena, qa, hd);
@@ -236,10 +237,6 @@ static __noinline int attend_head(struct attention_args *a, u32 h)
 	return 0;
 }
 
-/* Causal GQA attention at position pos for kv heads [kv0, kv1): append their columns of this
- * position's k and v to the layer's cache, then attend their query heads (head h reads kv head
- * h / (n_q / n_kv)). Parts with disjoint kv-head ranges touch disjoint cache columns, scratch
- * and outputs, so that threads can run them at once. */
 /* This position's key and value (k, v) into their row of the caches (kc, vc), columns i0.. */
 struct append_walk {
 	QB_VEC_T(const s32) k;
@@ -307,6 +304,10 @@ static __noinline int attention_append(struct attention_args *a)
 	return 0;
 }
 
+/* Causal GQA attention at position pos for kv heads [kv0, kv1): append their columns of this
+ * position's k and v to the layer's cache, then attend their query heads (head h reads kv head
+ * h / (n_q / n_kv)). Parts with disjoint kv-head ranges touch disjoint cache columns, scratch
+ * and outputs, so that threads can run them at once. */
 OP(attention, struct attention_args)
 {
 	u32 hd = a->hd, kv0 = a->kv0, kv1 = a->kv1, g;

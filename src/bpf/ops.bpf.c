@@ -432,12 +432,6 @@ OP(swiglu_vec, struct swiglu_args)
 /* ------------------------------------------------------------------ attention */
 #include "attention.inc.c"
 
-/* The array memory layer (issue 35) builds, so far, only the operators above; the others follow
- * step by step (docs/plans/array-layer.md). */
-#ifndef QB_ARRAY_LAYER
-/* ------------------------------------------------------------------ the tokenizer */
-#include "tokenize.inc.c"
-
 /* ------------------------------------------------------------------ screened LM-head argmax */
 #include "argmax.inc.c"
 
@@ -445,6 +439,12 @@ OP(swiglu_vec, struct swiglu_args)
 #include "kv8.inc.c"
 
 _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is limits.h's");
+
+/* The array memory layer (issue 35) builds, so far, only the operators above; the others follow
+ * step by step (docs/plans/array-layer.md). */
+#ifndef QB_ARRAY_LAYER
+/* ------------------------------------------------------------------ the tokenizer */
+#include "tokenize.inc.c"
 
 /* ------------------------------------------------------------------ the integer sampler */
 #include "sample.inc.c"

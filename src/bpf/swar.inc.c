@@ -594,24 +594,23 @@ static __always_inline int swar_vec_step(struct swar_vec_walk *v, u32 b, const i
 	return 0;
 }
 
-static __always_inline int w4_vec_step(struct swar_vec_walk *v, u32 b)
-{
-	return swar_vec_step(v, b, 0);
-}
-QB_EACH_FN(w4_vec_step, struct swar_vec_walk)
+#define SWAR_VEC_STEP(name, w8)                                                             \
+	static __always_inline int name(struct swar_vec_walk *v, u32 b)                     \
+	{                                                                                   \
+		return swar_vec_step(v, b, w8);                                             \
+	}                                                                                   \
+	QB_EACH_FN(name, struct swar_vec_walk)
 
-static __always_inline int w8_vec_step(struct swar_vec_walk *v, u32 b)
-{
-	return swar_vec_step(v, b, 1);
-}
-QB_EACH_FN(w8_vec_step, struct swar_vec_walk)
+SWAR_VEC_STEP(w4_vec_step, 0)
+SWAR_VEC_STEP(w8_vec_step, 1)
 
-/* swar_block of the arena build; a block that crosses an element's end stops the loop with
+/* swar_block of the array build; a block that crosses an element's end stops the loop with
  * c->err. */
 static __always_inline long swar_block(u64 i, struct swar_ctx *c, const int w8)
 {
 	u64 blk = c->block0 + i;
-	const u64 rpb = w8 ? 4 : 8; /* rows per block: bytes of words per block rpb * k / (w8 ? 1 : 2) */
+	/* rpb rows per block; a block's words take rpb * k / (w8 ? 1 : 2) bytes */
+	const u64 rpb = w8 ? 4 : 8;
 	struct swar_vec_walk v = { .c = c, .blk = blk,
 				   .wa = c->w + blk * (rpb * c->k / (w8 ? 1 : 2)),
 				   .sa = c->s + blk * (rpb * (c->k / SW_GROUP) * 4),

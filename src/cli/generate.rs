@@ -5,7 +5,7 @@
 //!     [--backend q24] [--chat] [--max-context N] [--tokenizer FILE] [--tokens ID,ID,...] \
 //!     [--temperature T] [--top-k K] [--top-p P] [--min-p P] [--repetition-penalty R] \
 //!     [--presence-penalty A] [--frequency-penalty F] [--seed N] [--kv q16|int8] \
-//!     [--save-context FILE] [--load-context FILE]
+//!     [--save-context FILE] [--load-context FILE] [--memory arena|array|auto]
 //! ```
 //!
 //! Without `--model` it uses the default model ([`crate::ensure_default_model`]): a synthetic checkpoint
@@ -28,7 +28,7 @@ use crate::kernel::verifier::ProgramKind;
 use crate::run::event::request_datagram;
 use crate::{
     Backend, Config, Dispatch, Error, Event, EventConfig, FinishReason, GenerateOptions, KvFormat,
-    Model, ModelOptions, Result, TextStream, Tokenizer,
+    MemoryLayer, Model, ModelOptions, Result, TextStream, Tokenizer,
 };
 use clap::Parser;
 
@@ -90,6 +90,24 @@ pub struct Args {
     /// kernel where the store allows.
     #[arg(long, value_parser = parse_mode)]
     dispatch: Option<Mode>,
+    /// Where kernel memory lives: arena (a BPF arena, Linux 6.9 and later), array (mmapable
+    /// array maps: older kernels, or a host whose policy refuses arenas; the forward pass runs
+    /// per operator and tokens are chosen in user space) or auto (default: the arena where it
+    /// can be made, array maps otherwise).
+    #[arg(long, default_value = "auto", value_parser = parse_memory)]
+    memory: MemoryLayer,
+}
+
+/// `--memory`.
+fn parse_memory(s: &str) -> std::result::Result<MemoryLayer, String> {
+    match s {
+        "arena" => Ok(MemoryLayer::Arena),
+        "array" => Ok(MemoryLayer::Array),
+        "auto" => Ok(MemoryLayer::Auto),
+        _ => Err(format!(
+            "unknown memory layer {s:?}; known: arena, array, auto"
+        )),
+    }
 }
 
 /// `--dispatch`.
@@ -133,8 +151,11 @@ pub fn main(args: Args) -> ExitCode {
 
 fn run(args: &Args) -> Result<()> {
     let sampling = args.sampling.params()?;
-    // the kernel first: a refusal is said before minutes of writing the default model
-    crate::check_kernel()?;
+    // the kernel first: a refusal is said before minutes of writing the default model (the
+    // check asks for an arena; the other layers are chosen and checked by Model::open)
+    if args.memory == MemoryLayer::Arena {
+        crate::check_kernel()?;
+    }
     let dir = match &args.model {
         Some(dir) => dir.clone(),
         None => {
@@ -225,6 +246,7 @@ fn run(args: &Args) -> Result<()> {
             None => Dispatch::Auto,
         },
         event_slots: (args.dispatch == Some(Mode::Event)) as usize,
+        memory: args.memory,
         ..Default::default()
     };
     let event = args.dispatch == Some(Mode::Event);
@@ -439,6 +461,8 @@ fn run(args: &Args) -> Result<()> {
             "kernel: one invocation per thread and token up to the LM head, then the screened head"
         } else if model.dispatch() == Dispatch::Kernel {
             "kernel: one invocation per thread and token"
+        } else if model.memory_layer() == MemoryLayer::Array {
+            "per-op, on array maps"
         } else {
             "per-op"
         }

@@ -71,6 +71,9 @@ pub struct Arena {
     /// bytes is never placed across an element's end, where the programs could not reach it
     /// whole (`src/bpf/mem.h`).
     elem: usize,
+    /// The ends of elements that regions skipped (`off..end`, page aligned): later regions
+    /// that fit go there first, so that skipping an end costs memory only while nothing fits.
+    holes: Vec<(usize, usize)>,
 }
 
 // SAFETY: the mapping lives as long as the owning skeleton; access goes through &mut self or
@@ -88,6 +91,7 @@ impl Arena {
             len,
             next: 0,
             elem: 0,
+            holes: Vec::new(),
         }
     }
 
@@ -103,6 +107,7 @@ impl Arena {
             len,
             next: 0,
             elem,
+            holes: Vec::new(),
         }
     }
 
@@ -137,9 +142,25 @@ impl Arena {
     pub fn reserve(&mut self, len: usize, what: &str) -> Result<Region> {
         let mut off = self.next;
         // on array maps, a region that fits in an element starts the next one rather than
-        // cross an element's end
+        // cross an element's end (or goes into a hole an earlier one left)
+        if self.elem != 0 && len <= self.elem {
+            if let Some(i) = self.holes.iter().position(|&(o, e)| e - o >= len) {
+                let (o, e) = self.holes[i];
+                let used = len.div_ceil(PAGE) * PAGE;
+                if o + used < e {
+                    self.holes[i].0 = o + used;
+                } else {
+                    self.holes.remove(i);
+                }
+                return Ok(Region { off: o, len });
+            }
+        }
         if self.elem != 0 && len <= self.elem && off % self.elem + len > self.elem {
-            off = off.next_multiple_of(self.elem);
+            let end = off.next_multiple_of(self.elem);
+            if off < end {
+                self.holes.push((off, end.min(self.len)));
+            }
+            off = end;
         }
         match off.checked_add(len).map(|e| e.div_ceil(PAGE) * PAGE) {
             Some(end) if end <= self.len => {
@@ -262,6 +283,22 @@ mod tests {
     fn arena(words: &mut [u64]) -> Arena {
         // SAFETY: the buffer outlives the arena in every test below.
         unsafe { Arena::new(words.as_mut_ptr() as *mut u8, words.len() * 8) }
+    }
+
+    #[test]
+    fn array_regions_never_cross_an_element_end_and_fill_the_holes_they_leave() {
+        let mut words = vec![0u64; 12 * PAGE / 8];
+        // SAFETY: the buffer outlives the arena; elements of four pages
+        let mut a = unsafe { Arena::new_array(words.as_mut_ptr() as *mut u8, 12 * PAGE, 4 * PAGE) };
+        let off = |r: Region| r.off / PAGE;
+        assert_eq!(off(a.alloc(3 * PAGE, "a").unwrap()), 0);
+        // two pages do not fit the first element's last: the second element, leaving a hole
+        assert_eq!(off(a.alloc(2 * PAGE, "b").unwrap()), 4);
+        // the hole takes what fits it
+        assert_eq!(off(a.alloc(100, "c").unwrap()), 3);
+        // larger than an element: placed where it falls, across an end (its rows are checked)
+        assert_eq!(off(a.alloc(5 * PAGE, "d").unwrap()), 6);
+        assert!(a.alloc(2 * PAGE, "e").is_err(), "one page left");
     }
 
     #[test]

@@ -67,6 +67,8 @@ pub const ARRAY_PROGRAMS: &[&str] = &[
     "w4a8_lm_head_argmax",
     "w8a16_lm_head_argmax",
     "attention",
+    "screen_argmax",
+    "attention_i8",
 ];
 
 /// The loaded operator programs and their arena. Dropping it unloads the programs and frees the
@@ -238,9 +240,22 @@ impl Ops {
     /// both sides as in the arena.
     fn load_array(bytes: usize) -> Result<Ops> {
         let what = "the operator programs (array memory layer)";
-        let shift = array_elem_shift(bytes);
+        let shift = match std::env::var(ELEM_SHIFT_ENV) {
+            Err(_) => array_elem_shift(bytes),
+            Ok(v) => match v.trim().parse::<u32>() {
+                Ok(s) if (12..=29).contains(&s) => s,
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "{ELEM_SHIFT_ENV}={v:?}: an element size's log2 from 12 (a page) to 29 (512 MiB)"
+                    )))
+                }
+            },
+        };
         let elem = 1usize << shift;
+        // One element more when there are several: an allocation that fits an element but not
+        // the rest of the current one starts the next, and the bytes it skips need a home.
         let elems = bytes.max(1).div_ceil(elem);
+        let elems = if elems > 1 { elems + 1 } else { elems };
         if elems * elem > MAX_ARENA_BYTES {
             return Err(Error::Resources {
                 msg: format!(
@@ -529,6 +544,10 @@ fn not_on_array(what: &str) -> Error {
             .into(),
     }
 }
+
+/// Forces the array layer's element size (its log2, 12 to 29) instead of
+/// [`array_elem_shift`]'s: for tests of buffers that span several elements on a small model.
+pub const ELEM_SHIFT_ENV: &str = "QWEN_BPF_ARRAY_ELEM_SHIFT";
 
 /// log2 of the array layer's element size for `bytes` of memory: the smallest power of two that
 /// holds them, from a page up to 512 MiB (the largest offset the verifier lets a program add to a

@@ -7,6 +7,7 @@ use std::path::Path;
 use super::buffers::{self, Buffers, Shape};
 use super::{Head, KernelMemory, Model, ModelOptions};
 use crate::kernel::arena::{MAX_ARENA_BYTES, PAGE};
+use crate::kernel::memory::{LayerProbe, MemoryLayer};
 use crate::kernel::ops::Ops;
 use crate::kernel::plan::{self, Plan};
 use crate::num::{fixed, kv8};
@@ -81,7 +82,23 @@ impl Model {
     /// kernel's 4 GiB arena limit before loading anything) and loads the programs.
     pub fn open(dir: impl AsRef<Path>, opts: &ModelOptions) -> Result<Model> {
         let dir = dir.as_ref();
-        crate::kernel::probe::probe()?;
+        // The memory layer. On array maps the operators run one by one: the plan interpreter
+        // and the event path are on the arena only, so far (issue 35).
+        let (layer, why) = LayerProbe::run()
+            .choose(opts.memory)
+            .map_err(|why| Error::Bpf {
+                what: format!("the {} memory layer", opts.memory),
+                detail: why,
+            })?;
+        if layer == MemoryLayer::Arena {
+            crate::kernel::probe::probe()?;
+        } else if opts.event_slots > 0 || opts.dispatch == Dispatch::Kernel {
+            return Err(Error::Invalid(format!(
+                "{} needs the arena memory layer ({}); on array maps the forward pass runs operator by operator (dispatch per-op, no event slots)",
+                if opts.event_slots > 0 { "kernel events" } else { "dispatch kernel" },
+                if opts.memory == MemoryLayer::Array { "the array layer was asked for" } else { &why }
+            )));
+        }
         let ck = Checkpoint::open(dir)?;
         let cfg = ck.config.clone();
         if opts.max_context == 0 || opts.max_context > cfg.max_position_embeddings {
@@ -156,7 +173,7 @@ impl Model {
         let identity = ck.identity();
         let cache_dir = opts.cache_dir.clone().unwrap_or_else(|| dir.to_path_buf());
         let mut store = opts.backend.open(&ck, &cache_dir, opts.progress)?;
-        let plannable = store.enable_plan(1 + opts.event_slots);
+        let plannable = layer == MemoryLayer::Arena && store.enable_plan(1 + opts.event_slots);
         if opts.event_slots > 0 && !plannable {
             return Err(Error::Invalid(format!(
                 "kernel events need a store that can be planned, not {}",
@@ -178,7 +195,7 @@ impl Model {
         // Again with the store's exact weight bytes (the estimate above covers only q24).
         check_arena(weights, kv, scratch, opts.max_context)?;
         check_memory(weights, kv, scratch, opts.max_context, mem_available())?;
-        let mut ops = Ops::load_with(memory.total(), opts.event_slots > 0)?;
+        let mut ops = Ops::load_on(memory.total(), opts.event_slots > 0, layer)?;
         ops.set_threads(opts.threads);
         store.upload(&mut ops)?;
         // the int8 cache's key smoothing shifts, from each layer's k_norm weights

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+use crate::kernel::memory::MemoryLayer;
 use crate::types::{Backend, Dispatch, KvFormat};
 
 /// How to open a [`Model`](crate::Model): [`ModelOptions::default`] and the `with_*` methods, or a struct
@@ -44,6 +45,13 @@ pub struct ModelOptions {
     /// its own KV cache, scratch and one-thread plan; at most 8. Default 0: no event path (its
     /// programs are not even loaded).
     pub event_slots: usize,
+    /// Where the kernel memory lives (default [`MemoryLayer::Arena`]). [`MemoryLayer::Array`]
+    /// (mmapable array maps: Linux 6.1, or a host whose policy refuses arenas) runs the forward
+    /// pass operator by operator ([`Dispatch::PerOp`]) and generates in user space: the plan
+    /// interpreter, the in-kernel tokenizer, sampler and generation and kernel events need the
+    /// arena until they move too (issue 35). [`MemoryLayer::Auto`] takes the arena where this
+    /// process may create one.
+    pub memory: MemoryLayer,
 }
 
 impl Default for ModelOptions {
@@ -61,6 +69,7 @@ impl Default for ModelOptions {
             screened_head: true,
             dispatch: Dispatch::Auto,
             event_slots: 0,
+            memory: MemoryLayer::Arena,
         }
     }
 }
@@ -111,6 +120,12 @@ impl ModelOptions {
     /// Sets [`ModelOptions::dispatch`].
     pub fn with_dispatch(mut self, dispatch: Dispatch) -> Self {
         self.dispatch = dispatch;
+        self
+    }
+
+    /// Sets [`ModelOptions::memory`].
+    pub fn with_memory(mut self, memory: MemoryLayer) -> Self {
+        self.memory = memory;
         self
     }
 }

@@ -129,6 +129,12 @@ impl Model {
         self.dispatch
     }
 
+    /// Where the model's kernel memory lives: [`crate::MemoryLayer::Arena`] or
+    /// [`crate::MemoryLayer::Array`] ([`ModelOptions::memory`](crate::ModelOptions::memory), with `Auto` resolved).
+    pub fn memory_layer(&self) -> crate::MemoryLayer {
+        self.ops.layer()
+    }
+
     /// For benchmarks and tests: switches between [`Dispatch::Kernel`] and [`Dispatch::PerOp`]
     /// ([`Dispatch::Auto`] picks the kernel); the kernel needs a store that can be planned.
     #[cfg(feature = "internals")]

@@ -9,7 +9,7 @@ use super::cache::{self, CacheFile, Entry};
 use super::{Linear, Norm, WeightStore};
 use crate::hf::checkpoint::tensor_specs;
 use crate::num::fixed::{self, Q_NORM, Q_W};
-use crate::kernel::arena::Region;
+use crate::kernel::arena::{Region, PAGE};
 use crate::kernel::ops::{Ops, Rows};
 use crate::kernel::swar_ops::{ExactHead, ScreenResult};
 use crate::num::bound::Screen;
@@ -164,7 +164,11 @@ impl WeightStore for Q24Store {
     }
 
     fn arena_bytes(&self) -> usize {
-        self.cache.header.payload_bytes + self.screen_bytes()
+        let pages = |n: usize| n.div_ceil(PAGE) * PAGE;
+        let weights: usize = upload_groups(&self.cache.header.tensors)
+            .map(|g| pages(g.iter().map(|e| e.len).sum()))
+            .sum();
+        weights + self.screen_bytes()
     }
 
     fn enable_screen(&mut self) -> bool {
@@ -195,15 +199,20 @@ impl WeightStore for Q24Store {
 
     fn upload(&mut self, ops: &mut Ops) -> Result<()> {
         let payload = self.cache.payload();
-        let all = ops.arena.alloc(payload.len(), "Q24 weights")?;
-        ops.arena.slice_mut::<u8>(all)?.copy_from_slice(payload);
-        let at: HashMap<&str, Region> = self
-            .cache
-            .header
-            .tensors
-            .iter()
-            .map(|e| Ok((e.name.as_str(), all.sub(e.offset, e.len)?)))
-            .collect::<Result<_>>()?;
+        let mut at: HashMap<&str, Region> = HashMap::new();
+        for group in upload_groups(&self.cache.header.tensors) {
+            let (first, last) = (group[0], group[group.len() - 1]);
+            let (start, end) = (first.offset, last.offset.saturating_add(last.len));
+            let bytes = payload.get(start..end).ok_or_else(|| Error::Cache {
+                path: self.cache.path.clone(),
+                msg: format!("tensor `{}` lies outside the payload", group[0].name),
+            })?;
+            let r = ops.arena.alloc(bytes.len(), "Q24 weights")?;
+            ops.arena.slice_mut::<u8>(r)?.copy_from_slice(bytes);
+            for e in group {
+                at.insert(e.name.as_str(), r.sub(e.offset - start, e.len)?);
+            }
+        }
         let get = |n: &str| {
             at.get(n).copied().ok_or_else(|| Error::Cache {
                 path: self.cache.path.clone(),
@@ -249,7 +258,18 @@ impl WeightStore for Q24Store {
         self.final_norm = get("model.norm.weight")?;
         if let Some(f) = self.screen_format {
             let (rows, k) = (self.cfg.vocab_size, self.cfg.hidden_size);
-            let head = &payload[self.lm_head.off - all.off..][..rows * k * 4];
+            let name = match self.cfg.tie_word_embeddings {
+                true => "model.embed_tokens.weight",
+                false => "lm_head.weight",
+            };
+            let e = self.cache.entry(name)?;
+            let head = payload
+                .get(e.offset..)
+                .and_then(|h| h.get(..rows * k * 4))
+                .ok_or_else(|| Error::Cache {
+                    path: self.cache.path.clone(),
+                    msg: format!("`{name}` is shorter than {rows} rows of {k}"),
+                })?;
             let screen = Screen::build(f, rows, k, |r, w| {
                 for (v, b) in w
                     .iter_mut()
@@ -335,4 +355,23 @@ impl WeightStore for Q24Store {
 /// The bytes of `rows` of a resident i32 matrix with `k` columns.
 fn rows_of(w: Region, k: usize, rows: &Rows) -> Result<Region> {
     w.sub(rows.start * k * 4, rows.len() * k * 4)
+}
+
+/// The tensors in payload order, in the groups [`Q24Store::upload`] copies to memory one
+/// allocation each: a layer's q, k and v projections together (the fused qkv matvec reads them
+/// as one matrix), every other tensor alone. On array maps an allocation that fits an element
+/// never crosses an element's end, so no row does; one copy of the whole payload would have
+/// rows across elements' ends, which the programs refuse.
+fn upload_groups(tensors: &[Entry]) -> impl Iterator<Item = Vec<&Entry>> {
+    let mut sorted: Vec<&Entry> = tensors.iter().collect();
+    sorted.sort_by_key(|e| e.offset);
+    let mut groups = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let n = if sorted[i].name.ends_with(".self_attn.q_proj.weight") { 3 } else { 1 };
+        let end = (i + n).min(sorted.len());
+        groups.push(sorted[i..end].to_vec());
+        i = end;
+    }
+    groups.into_iter()
 }
