@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The smoke suite on the running kernel (scripts/vm-test.sh runs it inside each VM): doctor's
-# report of every program (loaded alone, with the verifier's instruction count), then each test
+# report of every program of each memory layer the kernel gives (loaded alone, with the
+# verifier's instruction count), then each test
 # of scripts/smoke.txt from the test binaries already built (`cargo test --release --no-run`).
 # Prints one line per test and exits non-zero if any failed. On a kernel without arenas (Linux
 # before 6.9) only the array layer's tests run; the others are listed as not run.
@@ -46,6 +47,9 @@ done < scripts/smoke.txt
 if [ $arena = no ]; then
   # what such a kernel must still do: the array layer, as doctor's memory line reports it
   grep -q '^  memory layers *yes' target/smoke-doctor.txt || { echo "smoke: doctor: the array memory layer does not run"; fail=$((fail+1)); }
+  # and the verifier takes every program of the array build
+  grep -q '^programs on the array layer (each' target/smoke-doctor.txt || { echo "smoke: doctor loaded no array-layer program"; fail=$((fail+1)); }
+  ! grep -q ' REFUSED: ' target/smoke-doctor.txt || { echo "smoke: doctor: the verifier refused an array-layer program"; fail=$((fail+1)); }
 elif [ $doctor -ne 0 ]; then
   echo "smoke: doctor found a facility missing or a program refused"; fail=$((fail+1))
 fi

@@ -30,10 +30,9 @@ fn options(backend: Backend, kv: KvFormat, threads: usize) -> ModelOptions {
         .with_memory(MemoryLayer::Array)
 }
 
-/// Feeds TOKENS to `m` and to the twin, comparing every position's logits.
-fn equal_to_twin(m: &mut Model, kv: KvFormat, what: &str) {
-    let dir = common::tiny_model("array-model");
-    let mut twin = TwinModel::open_with_kv(&dir, &dir, 16, kv).unwrap();
+/// Feeds TOKENS to `m` (opened on `dir`) and to the twin, comparing every position's logits.
+fn equal_to_twin(m: &mut Model, dir: &std::path::Path, kv: KvFormat, what: &str) {
+    let mut twin = TwinModel::open_with_kv(dir, dir, 16, kv).unwrap();
     assert_eq!(m.dispatch(), Dispatch::PerOp, "{what}: per operator");
     assert_eq!(
         m.memory_layer(),
@@ -56,7 +55,7 @@ fn array_forward_equals_the_twin_with_q16_and_int8_kv_on_one_and_two_threads() {
     for kv in [KvFormat::Q16, KvFormat::Int8] {
         for threads in [1, 2] {
             let mut m = open(&dir, options(Backend::Q24, kv, threads));
-            equal_to_twin(&mut m, kv, &format!("q24, {kv:?} KV, {threads} threads"));
+            equal_to_twin(&mut m, &dir, kv, &format!("q24, {kv:?} KV, {threads} threads"));
         }
     }
 }
@@ -66,7 +65,7 @@ fn array_forward_with_the_batch_store_equals_the_twin() {
     // the 2 MiB arena-batch store moves each matrix into memory before its operator
     let dir = common::tiny_model("array-model");
     let mut m = open(&dir, options(Backend::Arena, KvFormat::Q16, 1));
-    equal_to_twin(&mut m, KvFormat::Q16, "arena-batch store");
+    equal_to_twin(&mut m, &dir, KvFormat::Q16, "arena-batch store");
 }
 
 #[test]
@@ -170,13 +169,36 @@ fn array_forward_with_small_elements_equals_the_twin() {
         std::env::remove_var(qwen_bpf::kernel::ops::ELEM_SHIFT_ENV);
         m.unwrap()
     };
-    let mut twin = TwinModel::open_with_kv(&dir, &dir, 16, KvFormat::Int8).unwrap();
-    for (i, &t) in TOKENS.iter().enumerate() {
-        let (want, _) = twin.forward(t).unwrap();
-        let got = m.forward_fixed(t).unwrap().to_vec();
-        assert_eq!(
-            got, want,
-            "logits at position {i}, 1 MiB elements vs Rust twin"
-        );
+    equal_to_twin(&mut m, &dir, KvFormat::Int8, "1 MiB elements, 12 layers");
+}
+
+#[test]
+fn array_doctor_loads_every_array_program_and_reports_its_count() {
+    // `qwen-bpf doctor --programs`: a section for the array layer, in which the verifier takes
+    // every program of ARRAY_PROGRAMS (loaded alone) with a positive instruction count
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_qwen-bpf"))
+        .args(["doctor", "--programs"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&out.stdout);
+    let section: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("programs on the array layer (each loaded alone):"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .collect();
+    for name in qwen_bpf::kernel::ops::ARRAY_PROGRAMS {
+        let line = section
+            .iter()
+            .find(|l| l.split_whitespace().nth(1) == Some(name))
+            .unwrap_or_else(|| panic!("no line for {name} in the array section:\n{out}"));
+        let count: u64 = line
+            .split("ok, ")
+            .nth(1)
+            .and_then(|r| r.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{name} not verified: {line}"));
+        assert!(count > 0, "{line}");
     }
+    assert_eq!(section.len(), qwen_bpf::kernel::ops::ARRAY_PROGRAMS.len(), "{out}");
 }

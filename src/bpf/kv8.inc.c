@@ -68,11 +68,12 @@ struct attention_i8_args {
 	u32 codes_stride, steps_stride; /* >= max_ctx * hd and max_ctx * 4 */
 };
 
-/* The loop over a head's hd (<= KV8_HD_MAX) dimensions: can_loop over the arena, as before; on
- * arrays a loop bounded by the constant (barrier_var keeps clang from folding the two exits into
- * one test against min(hd, KV8_HD_MAX), which the verifier cannot bound: see dot_head). */
+/* The loop over a head's hd (<= KV8_HD_MAX) dimensions: bpf_for over the arena (can_loop cost
+ * 6.12.57's verifier 27,000 more instructions in attention_i8); on arrays a loop bounded by the
+ * constant (barrier_var keeps clang from folding the two exits into one test against
+ * min(hd, KV8_HD_MAX), which the verifier cannot bound: see dot_head). */
 #ifndef QB_ARRAY_LAYER
-#define KV8_DIMS(d, hd) for (u32 d = 0; d < (hd) && can_loop; d++)
+#define KV8_DIMS(d, hd) FOR(d, 0, hd)
 #else
 #define KV8_DIMS(d, hd)                                                                     \
 	for (u32 d = 0; d < KV8_HD_MAX; d++)                                                \
@@ -431,15 +432,11 @@ static __always_inline int kv8_axpys(u64 acca, u64 wa, u64 ca, u64 stride, u64 h
 }
 #endif
 
-/* A Q16 score from a lane D of the packed dot product, the key step and the query shift e. On
- * arrays a global function: to the verifier its result is then one unknown, where the paths
- * through its clamps (constants, compared with the maxima) kept the score loop's states from
- * converging (kv8_scores verified in about 270,000 instructions). */
-#ifdef QB_ARRAY_LAYER
+/* A Q16 score from a lane D of the packed dot product, the key step and the query shift e. A
+ * global function: to the verifier its result is then one unknown, where the paths through its
+ * clamps (constants, compared with the maxima) kept the score loop's states from converging
+ * (inline: kv8_scores 270,000 instructions on 6.1's arrays, attention_i8 664,057 on 6.12.57). */
 __noinline
-#else
-static __always_inline
-#endif
 s64 kv8_score(s64 dot, u32 kstep, u32 e, s64 scale)
 {
 	s64 s = dot * (s64)kstep, lim;

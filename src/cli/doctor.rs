@@ -1,7 +1,7 @@
 //! Says what this kernel lets qwen_bpf do, like `bpftool feature probe`: the kernel facilities
-//! (BTF, the JIT, arena maps, BPF workqueues, bpffs) and, program by program, whether the
-//! verifier takes the operator object's programs (each loaded alone) and how many instructions
-//! it processed.
+//! (BTF, the JIT, arena maps, the memory layers, BPF workqueues, bpffs) and, program by program
+//! for each memory layer the kernel gives, whether the verifier takes the operator object's
+//! programs (each loaded alone) and how many instructions it processed.
 //!
 //! ```text
 //! qwen-bpf doctor [--programs] [-v]
@@ -14,12 +14,12 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-use crate::program_loads;
+use crate::{program_loads, MemoryLayer};
 
 #[derive(Parser, Debug)]
 #[command(about = "What this kernel lets qwen_bpf do: facilities and programs")]
 pub struct Args {
-    /// Also load every program alone and report the verifier's answer for each.
+    /// Also load every program alone, on each memory layer, and report the verifier's answer.
     #[arg(long)]
     programs: bool,
     /// With --programs: print the end of the verifier's log of every refused program.
@@ -38,20 +38,28 @@ pub fn main(args: Args) -> ExitCode {
         println!("  {:<24} {}", f.name, f.describe());
     }
     if args.programs {
-        println!("programs (each loaded alone):");
-        for p in program_loads() {
-            match &p.result {
-                Ok(insns) => println!(
-                    "  {:<10} {:<22} ok, {insns} instructions verified",
-                    p.kind.name(),
-                    p.name
-                ),
-                Err(why) => {
-                    ok = false;
-                    println!("  {:<10} {:<22} REFUSED: {why}", p.kind.name(), p.name);
-                    if args.verbose {
-                        for l in &p.log_tail {
-                            println!("      | {l}");
+        // each layer the kernel gives (a layer it does not give is named, with the cause)
+        let layers = crate::kernel::memory::LayerProbe::run();
+        for layer in [MemoryLayer::Arena, MemoryLayer::Array] {
+            if let Err(why) = layers.choose(layer) {
+                println!("programs on the {layer} layer: not loaded ({why})");
+                continue;
+            }
+            println!("programs on the {layer} layer (each loaded alone):");
+            for p in program_loads(layer) {
+                match &p.result {
+                    Ok(insns) => println!(
+                        "  {:<10} {:<22} ok, {insns} instructions verified",
+                        p.kind.name(),
+                        p.name
+                    ),
+                    Err(why) => {
+                        ok = false;
+                        println!("  {:<10} {:<22} REFUSED: {why}", p.kind.name(), p.name);
+                        if args.verbose {
+                            for l in &p.log_tail {
+                                println!("      | {l}");
+                            }
                         }
                     }
                 }

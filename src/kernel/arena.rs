@@ -154,13 +154,13 @@ impl Arena {
                 }
                 return Ok(Region { off: o, len });
             }
-        }
-        if self.elem != 0 && len <= self.elem && off % self.elem + len > self.elem {
-            let end = off.next_multiple_of(self.elem);
-            if off < end {
-                self.holes.push((off, end.min(self.len)));
+            if off % self.elem + len > self.elem {
+                let end = off.next_multiple_of(self.elem);
+                if off < end {
+                    self.holes.push((off, end.min(self.len)));
+                }
+                off = end;
             }
-            off = end;
         }
         match off.checked_add(len).map(|e| e.div_ceil(PAGE) * PAGE) {
             Some(end) if end <= self.len => {

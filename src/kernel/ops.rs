@@ -34,7 +34,7 @@ pub(crate) use skel::types::run_plan_args as RunPlanArgs;
 pub(crate) use skel::types::tokenize_args as TokenizeArgs;
 use skel::{OpsSkel, OpsSkelBuilder};
 
-mod array_skel {
+pub(super) mod array_skel {
     skel_module!(pub mod "ops_array.skel.rs");
 }
 use array_skel::skel::{OpsArraySkel, OpsArraySkelBuilder};
