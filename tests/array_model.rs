@@ -1,6 +1,7 @@
 //! The forward pass on the array memory layer (issue 35): a [`Model`] opened with
 //! `MemoryLayer::Array` runs every operator of the step on mmapable array maps, one `test_run`
-//! each, and must give the Rust twin's logits integer for integer. Runs natively on a host that
+//! each or all through the plan interpreter (`run_plan`), and must give the Rust twin's logits
+//! integer for integer. Runs natively on a host that
 //! refuses arenas (`scripts/test.sh`) and on 6.1, which has none (`scripts/smoke.txt`).
 
 mod common;
@@ -30,10 +31,17 @@ fn options(backend: Backend, kv: KvFormat, threads: usize) -> ModelOptions {
         .with_memory(MemoryLayer::Array)
 }
 
-/// Feeds TOKENS to `m` (opened on `dir`) and to the twin, comparing every position's logits.
-fn equal_to_twin(m: &mut Model, dir: &std::path::Path, kv: KvFormat, what: &str) {
+/// Feeds TOKENS to `m` (opened on `dir`, running with `dispatch`) and to the twin, comparing
+/// every position's logits.
+fn equal_to_twin(
+    m: &mut Model,
+    dir: &std::path::Path,
+    kv: KvFormat,
+    dispatch: Dispatch,
+    what: &str,
+) {
     let mut twin = TwinModel::open_with_kv(dir, dir, 16, kv).unwrap();
-    assert_eq!(m.dispatch(), Dispatch::PerOp, "{what}: per operator");
+    assert_eq!(m.dispatch(), dispatch, "{what}: the dispatch");
     assert_eq!(
         m.memory_layer(),
         MemoryLayer::Array,
@@ -50,12 +58,18 @@ fn equal_to_twin(m: &mut Model, dir: &std::path::Path, kv: KvFormat, what: &str)
 }
 
 #[test]
-fn array_forward_equals_the_twin_with_q16_and_int8_kv_on_one_and_two_threads() {
+fn array_forward_equals_the_twin_per_op_and_by_plan_with_q16_and_int8_kv_on_one_and_two_threads() {
+    // per operator (one test_run each) and through the plan interpreter (run_plan: one
+    // invocation per thread and token, the default where the store can be planned)
     let dir = common::tiny_model("array-model");
     for kv in [KvFormat::Q16, KvFormat::Int8] {
         for threads in [1, 2] {
-            let mut m = open(&dir, options(Backend::Q24, kv, threads));
-            equal_to_twin(&mut m, &dir, kv, &format!("q24, {kv:?} KV, {threads} threads"));
+            for dispatch in [Dispatch::PerOp, Dispatch::Kernel] {
+                let opts = options(Backend::Q24, kv, threads).with_dispatch(dispatch);
+                let mut m = open(&dir, opts);
+                let what = format!("q24, {kv:?} KV, {threads} threads, dispatch {dispatch:?}");
+                equal_to_twin(&mut m, &dir, kv, dispatch, &what);
+            }
         }
     }
 }
@@ -65,28 +79,26 @@ fn array_forward_with_the_batch_store_equals_the_twin() {
     // the 2 MiB arena-batch store moves each matrix into memory before its operator
     let dir = common::tiny_model("array-model");
     let mut m = open(&dir, options(Backend::Arena, KvFormat::Q16, 1));
-    equal_to_twin(&mut m, &dir, KvFormat::Q16, "arena-batch store");
+    equal_to_twin(
+        &mut m,
+        &dir,
+        KvFormat::Q16,
+        Dispatch::PerOp,
+        "arena-batch store",
+    );
 }
 
 #[test]
 fn array_layer_refuses_what_needs_the_arena_and_says_why() {
     let dir = common::tiny_model("array-model");
-    let opts = options(Backend::Q24, KvFormat::Q16, 1);
-    for (opts, what) in [
-        (
-            opts.clone().with_dispatch(Dispatch::Kernel),
-            "dispatch kernel",
+    let opts = options(Backend::Q24, KvFormat::Q16, 1).with_event_slots(1);
+    match Model::open(&dir, &opts) {
+        Err(Error::Invalid(msg)) => assert!(
+            msg.starts_with("kernel events") && msg.contains("arena memory layer"),
+            "{msg}"
         ),
-        (opts.with_event_slots(1), "kernel events"),
-    ] {
-        match Model::open(&dir, &opts) {
-            Err(Error::Invalid(msg)) => assert!(
-                msg.starts_with(what) && msg.contains("arena memory layer"),
-                "{what}: {msg}"
-            ),
-            Err(e) => panic!("{what}: expected Error::Invalid, got {e}"),
-            Ok(_) => panic!("{what}: opened on the array layer"),
-        }
+        Err(e) => panic!("kernel events: expected Error::Invalid, got {e}"),
+        Ok(_) => panic!("kernel events: opened on the array layer"),
     }
 }
 
@@ -110,7 +122,7 @@ fn array_screened_next_token_is_the_twins_argmax() {
 
 #[test]
 fn array_cli_generate_prints_what_the_library_generates() {
-    // `qwen-bpf generate --memory array`: per operator on array maps, greedy in user space
+    // `qwen-bpf generate --memory array`: the plan interpreter on array maps, greedy in user space
     let dir = common::tiny_model_with_tokenizer("array-cli");
     let tok = Tokenizer::from_model_dir(&dir).unwrap();
     let prompt = [785, 3974, 13876];
@@ -145,8 +157,9 @@ fn array_cli_generate_prints_what_the_library_generates() {
         "generate --memory array failed: {err}"
     );
     assert!(
-        err.contains("dispatch per-op"),
-        "the summary names the dispatch: {err}"
+        err.contains("dispatch kernel: one invocation per thread and token")
+            && err.contains(", on array maps"),
+        "the summary names the dispatch and the layer: {err}"
     );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim_end_matches('\n'),
@@ -169,7 +182,14 @@ fn array_forward_with_small_elements_equals_the_twin() {
         std::env::remove_var(qwen_bpf::kernel::ops::ELEM_SHIFT_ENV);
         m.unwrap()
     };
-    equal_to_twin(&mut m, &dir, KvFormat::Int8, "1 MiB elements, 12 layers");
+    // the plan's slots, the KV cache and the scratch all placed among element ends too
+    equal_to_twin(
+        &mut m,
+        &dir,
+        KvFormat::Int8,
+        Dispatch::Kernel,
+        "1 MiB elements, 12 layers",
+    );
 }
 
 #[test]
@@ -200,5 +220,9 @@ fn array_doctor_loads_every_array_program_and_reports_its_count() {
             .unwrap_or_else(|| panic!("{name} not verified: {line}"));
         assert!(count > 0, "{line}");
     }
-    assert_eq!(section.len(), qwen_bpf::kernel::ops::ARRAY_PROGRAMS.len(), "{out}");
+    assert_eq!(
+        section.len(),
+        qwen_bpf::kernel::ops::ARRAY_PROGRAMS.len(),
+        "{out}"
+    );
 }

@@ -13,7 +13,7 @@ use qwen_bpf::hf::synth::{self, Preset, SynthOptions};
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::limits;
 use qwen_bpf::verify::reference::Reference;
-use qwen_bpf::{Backend, Checkpoint, Config, Error, KvFormat, Model, ModelOptions};
+use qwen_bpf::{Backend, Checkpoint, Config, Error, KvFormat, MemoryLayer, Model, ModelOptions};
 
 /// The verifier's work per program, against its limit of 1,000,000 processed instructions: a
 /// program near the limit on one kernel build is refused (E2BIG) on another whose verifier
@@ -21,7 +21,17 @@ use qwen_bpf::{Backend, Checkpoint, Config, Error, KvFormat, Model, ModelOptions
 #[test]
 fn every_program_verifies_well_within_the_verifier_limit() {
     // with the event path's programs too
-    let ops = Ops::load_with(1 << 20, true).unwrap();
+    within_half_the_limit(&Ops::load_with(1 << 20, true).unwrap());
+}
+
+/// The same for the array memory layer's build (its run_plan verifies every operator's global
+/// function: the sum of them).
+#[test]
+fn array_every_program_verifies_well_within_the_verifier_limit() {
+    within_half_the_limit(&Ops::load_on(1 << 20, false, MemoryLayer::Array).unwrap());
+}
+
+fn within_half_the_limit(ops: &Ops) {
     let counts = ops.verified_instructions().unwrap();
     assert!(
         counts.iter().any(|(n, _)| n == "run_plan")

@@ -448,10 +448,12 @@ _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is li
 
 /* ------------------------------------------------------------------ the integer sampler */
 #include "sample.inc.c"
+#endif /* QB_ARRAY_LAYER */
 
 /* ------------------------------------------------------------------ the plan interpreter */
 #include "plan.inc.c"
 
+#ifndef QB_ARRAY_LAYER
 /* ------------------------------------------------------------------ generation in the kernel */
 #include "generate.inc.c"
 

@@ -128,7 +128,7 @@ static __always_inline int plan_op(u32 op, union plan_args *b)
 }
 
 /* Writes the slot's per-token fields into b; 1 on a malformed patch. */
-static __always_inline int plan_patch(union plan_args *b, const struct plan_slot __arena *e,
+static __always_inline int plan_patch(union plan_args *b, const struct plan_slot QB *e,
 				      u32 token, u32 pos)
 {
 	for (int p = 0; p < PLAN_PATCHES; p++) {
@@ -150,6 +150,7 @@ static __always_inline int plan_patch(union plan_args *b, const struct plan_slot
 }
 
 /* Arrives at a barrier and waits until `target` arrivals are counted; 1 after `ns`. */
+#ifndef QB_ARRAY_LAYER
 static __noinline int plan_wait(u64 target, u64 ns)
 {
 	u64 t0 = bpf_ktime_get_ns();
@@ -170,18 +171,70 @@ static __noinline int plan_wait(u64 target, u64 ns)
 	}
 	return 1;
 }
+#else
+/* The array build (no bpf_for before 6.4): the same two loops as bpf_loop callbacks. */
+struct plan_waiter {
+	u64 target, ns, t0;
+	s32 r; /* 0: all arrived, 1: gave up, 2: still waiting */
+};
+
+static int plan_spin_cb(u64 i, void *c)
+{
+	struct plan_waiter *w = c;
+
+	if (*(volatile u32 *)&plan_abort)
+		w->r = 1;
+	else if (*(volatile u64 *)&plan_arrivals >= w->target)
+		w->r = 0;
+	else if ((i & 255) == 0 && bpf_ktime_get_ns() - w->t0 > w->ns)
+		w->r = 1, plan_abort = 1;
+	return w->r != 2;
+}
+
+static int plan_round_cb(u64 j, void *c)
+{
+	struct plan_waiter *w = c;
+
+	bpf_loop(1 << 20, plan_spin_cb, c, 0);
+	return w->r != 2;
+}
+
+static __noinline int plan_wait(u64 target, u64 ns)
+{
+	struct plan_waiter w = { target, ns, bpf_ktime_get_ns(), 2 };
+
+	__sync_fetch_and_add(&plan_arrivals, 1);
+	bpf_loop(1 << 10, plan_round_cb, &w, 0);
+	return w.r != 0;
+}
+#endif
 
 /* Entry i of thread a->thread: copy, patch, run, copy back; then the barrier if marked.
- * Returns 1 when a barrier timed out. A function of its own, so that few values stay live
- * across the operator call (the whole chain down to the deepest operator shares 512 bytes of
- * stack). */
-static __noinline int plan_entry(struct run_plan_args *a, u32 i)
+ * Returns 1 when a barrier timed out. Over the arena a function of its own, so that few values
+ * stay live across the operator call (the whole chain down to the deepest operator shares 512
+ * bytes of stack); on arrays the body of the walk's callback (the chain may have 8 frames: the
+ * int8 attention's takes six below the program, and the callback is one). A slot that would
+ * cross an element's end (array build) fails its entry. */
+#ifndef QB_ARRAY_LAYER
+static __noinline
+#else
+static __always_inline
+#endif
+int plan_entry(struct run_plan_args *a, u32 i)
 {
-	struct plan_slot __arena *e = ARENA_PTR(struct plan_slot,
-		a->plan + ((u64)a->thread * a->n_entries + i) * sizeof(struct plan_slot));
+	struct plan_slot QB *e = QB_SPAN(struct plan_slot, arena,
+		a->plan + ((u64)a->thread * a->n_entries + i) * sizeof(struct plan_slot),
+		sizeof(struct plan_slot));
 	union plan_args *b = &plan_buf[a->lane & (PLAN_THREADS_MAX - 1)];
-	u32 op = e->op, flags = e->flags;
+	u32 op, flags;
 
+	if (!QB_SPAN_OK(e)) {
+		if (!a->ret)
+			a->ret = i + 1;
+		return 0; /* (its barrier, if it had one, cannot be known: the threads time out) */
+	}
+	op = e->op;
+	flags = e->flags;
 	if (op != OP_NOP && !a->ret) {
 		for (int w = 0; w < PLAN_ARGS_WORDS; w++)
 			b->w[w] = e->args[w];
@@ -209,12 +262,35 @@ static __noinline int plan_entry(struct run_plan_args *a, u32 i)
 	return 0;
 }
 
+#ifdef QB_ARRAY_LAYER
+/* The array build walks the entries with bpf_loop: its callback's context. */
+struct plan_walk {
+	struct run_plan_args *a;
+	u32 timed_out;
+};
+
+static __always_inline int plan_step(struct plan_walk *w, u32 i)
+{
+	if (plan_entry(w->a, i)) {
+		w->timed_out = 1;
+		return 1;
+	}
+	return 0;
+}
+QB_EACH_FN(plan_step, struct plan_walk)
+#endif
+
 /* One thread's walk through the plan for one token. Returns 0, 1 + the index of the first entry
  * whose operator refused its ctx (the later ones are skipped, their barriers still kept), or a
- * PLAN_E_* code. a->passed counts on from its value at the call. */
+ * PLAN_E_* code. a->passed counts on from its value at the call. On arrays inlined into its
+ * program: a frame less for the operators below. */
+#ifndef QB_ARRAY_LAYER
 __noinline int plan_run(struct run_plan_args *a __arg_nonnull)
+#else
+static __always_inline int plan_run(struct run_plan_args *a)
+#endif
 {
-	USE_ARENA(arena);
+	QB_MEM_USE(arena);
 	if (a->thread >= a->n_threads || a->n_threads > PLAN_THREADS_MAX || a->n_entries == 0)
 		return PLAN_E_ARGS;
 	if (a->n_run > a->n_entries)
@@ -230,10 +306,21 @@ __noinline int plan_run(struct run_plan_args *a __arg_nonnull)
 		if (plan_wait(a->n_threads, PLAN_START_NS))
 			return PLAN_E_BARRIER;
 	}
+#ifndef QB_ARRAY_LAYER
 	FOR(i, 0, a->n_run ? a->n_run : a->n_entries) {
 		if (plan_entry(a, i))
 			return PLAN_E_BARRIER;
 	}
+#else
+	{
+		struct plan_walk w = { a, 0 };
+
+		if (QB_EACH(plan_step, a->n_run ? a->n_run : a->n_entries, &w))
+			return PLAN_E_ARGS;
+		if (w.timed_out)
+			return PLAN_E_BARRIER;
+	}
+#endif
 	return a->ret;
 }
 

@@ -451,7 +451,7 @@ fn run(args: &Args) -> Result<()> {
         eprintln!("generated: {generated} tokens (all from the prompt's last forward pass: no decode step to time)");
     }
     eprintln!(
-        "BPF runs: {} per token ({runs} in {passes} forward passes; dispatch {})",
+        "BPF runs: {} per token ({runs} in {passes} forward passes; dispatch {}{})",
         fmt_ratio(runs, passes),
         if event {
             "event: a UDP datagram started the generation in the kernel"
@@ -461,10 +461,13 @@ fn run(args: &Args) -> Result<()> {
             "kernel: one invocation per thread and token up to the LM head, then the screened head"
         } else if model.dispatch() == Dispatch::Kernel {
             "kernel: one invocation per thread and token"
-        } else if model.memory_layer() == MemoryLayer::Array {
-            "per-op, on array maps"
         } else {
             "per-op"
+        },
+        if model.memory_layer() == MemoryLayer::Array {
+            ", on array maps"
+        } else {
+            ""
         }
     );
     eprintln!(

@@ -7,7 +7,7 @@ use std::os::fd::AsFd;
 use libbpf_rs::MapCore;
 
 use super::arena::Region;
-use super::ops::{skel::types::run_plan_args, EventCfg, GenArgs, Ops};
+use super::ops::{skel::types::run_plan_args, EventCfg, GenArgs, Ops, OpsObject};
 use super::plan::{self, Args, Entry, Patch};
 use super::threads::run_threads;
 use super::{load_error, test_run};
@@ -111,16 +111,28 @@ impl Ops {
         pos: u32,
     ) -> std::result::Result<Vec<(usize, i64)>, PlanFailure> {
         let plan = self.arena.addr(slots);
-        let skel = self.skel_mut("the plan interpreter").map_err(PlanFailure::Error)?;
-        if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
-            // SAFETY: a u64 of the mapped .bss; no program runs now (runs of this Ops are
-            // sequential through &mut self).
-            unsafe {
-                std::ptr::write_volatile(&mut bss.plan_arrivals, 0);
-                std::ptr::write_volatile(&mut bss.plan_abort, 0);
+        // SAFETY (both arms): u64 and u32 of the mapped .bss; no program runs now (runs of this
+        // Ops are sequential through &mut self).
+        let prog = match &mut self.obj {
+            OpsObject::Arena(skel) => {
+                if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
+                    unsafe {
+                        std::ptr::write_volatile(&mut bss.plan_arrivals, 0);
+                        std::ptr::write_volatile(&mut bss.plan_abort, 0);
+                    }
+                }
+                skel.progs.run_plan.as_fd()
             }
-        }
-        let prog = skel.progs.run_plan.as_fd();
+            OpsObject::Array { skel, .. } => {
+                if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
+                    unsafe {
+                        std::ptr::write_volatile(&mut bss.plan_arrivals, 0);
+                        std::ptr::write_volatile(&mut bss.plan_abort, 0);
+                    }
+                }
+                skel.progs.run_plan.as_fd()
+            }
+        };
         let mut args: Vec<run_plan_args> = (0..threads)
             .map(|t| run_plan_args {
                 plan,

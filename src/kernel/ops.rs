@@ -40,7 +40,7 @@ pub(super) mod array_skel {
 use array_skel::skel::{OpsArraySkel, OpsArraySkelBuilder};
 
 /// The loaded object: the arena build of `src/bpf/ops.bpf.c`, or its array build (issue 35:
-/// so far the formats, embedding, RMSNorm, q/k norm with RoPE and SwiGLU operators), which
+/// so far [`ARRAY_PROGRAMS`]: the forward pass's operators and the plan interpreter), which
 /// keeps its memory mapped over `mem`.
 pub(super) enum OpsObject {
     Arena(Owned<OpsSkel<'static>>),
@@ -69,6 +69,7 @@ pub const ARRAY_PROGRAMS: &[&str] = &[
     "attention",
     "screen_argmax",
     "attention_i8",
+    "run_plan",
 ];
 
 /// The loaded operator programs and their arena. Dropping it unloads the programs and frees the
@@ -539,8 +540,8 @@ pub fn first_best(start: usize, parts: impl IntoIterator<Item = (usize, i64)>) -
 fn not_on_array(what: &str) -> Error {
     Error::Bpf {
         what: what.into(),
-        detail: "not on the array memory layer yet (issue 35: so far it runs formats, embed, \
-                 rmsnorm, qk_norm_rope and swiglu_vec; the arena layer runs everything)"
+        detail: "not on the array memory layer yet (issue 35: so far it runs the forward pass's \
+                 operators and the plan interpreter; the arena layer runs everything)"
             .into(),
     }
 }

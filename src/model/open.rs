@@ -82,8 +82,8 @@ impl Model {
     /// kernel's 4 GiB arena limit before loading anything) and loads the programs.
     pub fn open(dir: impl AsRef<Path>, opts: &ModelOptions) -> Result<Model> {
         let dir = dir.as_ref();
-        // The memory layer. On array maps the operators run one by one: the plan interpreter
-        // and the event path are on the arena only, so far (issue 35).
+        // The memory layer. On array maps the forward pass runs (per operator or through the
+        // plan interpreter); the event path is on the arena only, so far (issue 35).
         let (layer, why) = LayerProbe::run()
             .choose(opts.memory)
             .map_err(|why| Error::Bpf {
@@ -92,10 +92,9 @@ impl Model {
             })?;
         if layer == MemoryLayer::Arena {
             crate::kernel::probe::probe()?;
-        } else if opts.event_slots > 0 || opts.dispatch == Dispatch::Kernel {
+        } else if opts.event_slots > 0 {
             return Err(Error::Invalid(format!(
-                "{} needs the arena memory layer ({}); on array maps the forward pass runs operator by operator (dispatch per-op, no event slots)",
-                if opts.event_slots > 0 { "kernel events" } else { "dispatch kernel" },
+                "kernel events need the arena memory layer ({}); on array maps the forward pass runs without event slots",
                 if opts.memory == MemoryLayer::Array { "the array layer was asked for" } else { &why }
             )));
         }
@@ -173,7 +172,7 @@ impl Model {
         let identity = ck.identity();
         let cache_dir = opts.cache_dir.clone().unwrap_or_else(|| dir.to_path_buf());
         let mut store = opts.backend.open(&ck, &cache_dir, opts.progress)?;
-        let plannable = layer == MemoryLayer::Arena && store.enable_plan(1 + opts.event_slots);
+        let plannable = store.enable_plan(1 + opts.event_slots);
         if opts.event_slots > 0 && !plannable {
             return Err(Error::Invalid(format!(
                 "kernel events need a store that can be planned, not {}",

@@ -47,9 +47,9 @@ pub struct ModelOptions {
     pub event_slots: usize,
     /// Where the kernel memory lives (default [`MemoryLayer::Arena`]). [`MemoryLayer::Array`]
     /// (mmapable array maps: Linux 6.1, or a host whose policy refuses arenas) runs the forward
-    /// pass operator by operator ([`Dispatch::PerOp`]) and generates in user space: the plan
-    /// interpreter, the in-kernel tokenizer, sampler and generation and kernel events need the
-    /// arena until they move too (issue 35). [`MemoryLayer::Auto`] takes the arena where this
+    /// pass, per operator or through the plan interpreter ([`Dispatch`] as on the arena), and
+    /// generates in user space: the in-kernel tokenizer, sampler and generation and kernel
+    /// events need the arena until they move too (issue 35). [`MemoryLayer::Auto`] takes the arena where this
     /// process may create one.
     pub memory: MemoryLayer,
 }
