@@ -38,6 +38,12 @@
 //!   position 4,095 (Q16 and int8 caches), the embedding row and the LM head argmax (Q24 and
 //!   W8A16) at the 0.6B shape: `cargo bench --bench decode -- threads`.
 //!
+//! * `layers`: one greedy decode step (`next_token`, each store's default dispatch and head) of
+//!   the q24 and int4 stores on each memory layer this host gives (`arena`, `array`: issue 35;
+//!   a layer the host refuses is skipped with its cause), beside the Rust twin of the q24 store
+//!   (`twin/q24`: `qwen_bpf::verify::twin::TwinModel`, the same integers in user space, one
+//!   thread), all in one run: `cargo bench --bench decode -- layers`.
+//!
 //! Needs root (or CAP_BPF + CAP_PERFMON). Sample sizes are small so that the run takes a few
 //! minutes on two cores.
 
@@ -50,8 +56,10 @@ use qwen_bpf::kernel::arena::Region;
 use qwen_bpf::kernel::operators::Batch;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::{fixed, swar};
+use qwen_bpf::kernel::memory::LayerProbe;
 use qwen_bpf::verify::reference::{self, Reference};
-use qwen_bpf::{Backend, Checkpoint, Dispatch, GenerateOptions, Model, ModelOptions};
+use qwen_bpf::verify::twin::TwinModel;
+use qwen_bpf::{Backend, Checkpoint, Dispatch, GenerateOptions, MemoryLayer, Model, ModelOptions};
 
 #[path = "../tests/common/rng.rs"]
 mod rng;
@@ -685,9 +693,67 @@ fn threads(c: &mut Criterion) {
     assert_eq!(heads[0], heads[1], "LM head argmax: 1 thread vs 2");
 }
 
+/// The `layers` group (see the top).
+fn layers(c: &mut Criterion) {
+    if !selected("layers") {
+        return;
+    }
+    let dir = model_dir();
+    let mut g = c.benchmark_group("layers");
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(3))
+        .measurement_time(Duration::from_secs(20))
+        .throughput(Throughput::Elements(1));
+    {
+        // the twin has no reset: a fresh one (outside the timing) when its context is full
+        let open = || TwinModel::open(&dir, &dir, MAX_CONTEXT).expect("opening the Rust twin");
+        let (mut twin, mut fed, mut token) = (open(), 0, FIRST_TOKEN);
+        g.bench_function(BenchmarkId::new("twin", "q24"), |b| {
+            b.iter_custom(|iters| {
+                let mut spent = Duration::ZERO;
+                for _ in 0..iters {
+                    if fed == MAX_CONTEXT {
+                        (twin, fed) = (open(), 0);
+                    }
+                    let t = Instant::now();
+                    token = twin.forward(token).expect("twin forward").1 as u32;
+                    spent += t.elapsed();
+                    fed += 1;
+                }
+                spent
+            })
+        });
+    }
+    let probe = LayerProbe::run();
+    for backend in [Backend::Q24, Backend::Int4] {
+        for layer in [MemoryLayer::Arena, MemoryLayer::Array] {
+            if let Err(why) = probe.choose(layer) {
+                eprintln!("layers: {} on the {layer} layer skipped: {why}", backend.name());
+                continue;
+            }
+            let opts = ModelOptions {
+                backend,
+                max_context: MAX_CONTEXT,
+                progress: true,
+                memory: layer,
+                ..Default::default()
+            };
+            let mut m = Model::open(&dir, &opts).unwrap_or_else(|e| {
+                panic!("opening the {} store on the {layer} layer: {e}", backend.name())
+            });
+            let mut token = FIRST_TOKEN;
+            g.bench_function(BenchmarkId::new(backend.name(), layer.to_string()), |b| {
+                next_token_steps(b, &mut m, &mut token)
+            });
+        }
+    }
+    g.finish();
+}
+
 criterion_group!(
     benches,
     decode,
+    layers,
     reference_parallel,
     dispatch,
     screened_head,

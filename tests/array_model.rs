@@ -226,3 +226,27 @@ fn array_doctor_loads_every_array_program_and_reports_its_count() {
         "{out}"
     );
 }
+
+/// Needs both layers (a kernel with arenas that allows them: 7.3.4 in the smoke suite): every
+/// store, both KV formats, the same logits at every position from the arena and from array maps,
+/// each in its default dispatch (the plan interpreter where the store can be planned).
+#[test]
+fn both_layers_give_the_same_logits_on_every_store_and_kv_format() {
+    let dir = common::tiny_model("array-model");
+    for backend in Backend::ALL {
+        for kv in KvFormat::ALL {
+            let what = format!("{} store, {kv:?} KV", backend.name());
+            let opts = options(backend, kv, 2);
+            let mut array = open(&dir, opts.clone());
+            let mut arena = open(&dir, opts.with_memory(MemoryLayer::Arena));
+            assert_eq!(array.memory_layer(), MemoryLayer::Array, "{what}");
+            assert_eq!(arena.memory_layer(), MemoryLayer::Arena, "{what}");
+            assert_eq!(array.dispatch(), arena.dispatch(), "{what}: the same dispatch");
+            for (i, &t) in TOKENS.iter().enumerate() {
+                let want = arena.forward_fixed(t).unwrap().to_vec();
+                let got = array.forward_fixed(t).unwrap().to_vec();
+                assert_eq!(got, want, "{what}: logits at position {i}, array vs arena");
+            }
+        }
+    }
+}
