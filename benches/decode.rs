@@ -53,10 +53,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use qwen_bpf::kernel::arena::Region;
+use qwen_bpf::kernel::memory::LayerProbe;
 use qwen_bpf::kernel::operators::Batch;
 use qwen_bpf::kernel::ops::Ops;
 use qwen_bpf::num::{fixed, swar};
-use qwen_bpf::kernel::memory::LayerProbe;
 use qwen_bpf::verify::reference::{self, Reference};
 use qwen_bpf::verify::twin::TwinModel;
 use qwen_bpf::{Backend, Checkpoint, Dispatch, GenerateOptions, MemoryLayer, Model, ModelOptions};
@@ -728,7 +728,10 @@ fn layers(c: &mut Criterion) {
     for backend in [Backend::Q24, Backend::Int4] {
         for layer in [MemoryLayer::Arena, MemoryLayer::Array] {
             if let Err(why) = probe.choose(layer) {
-                eprintln!("layers: {} on the {layer} layer skipped: {why}", backend.name());
+                eprintln!(
+                    "layers: {} on the {layer} layer skipped: {why}",
+                    backend.name()
+                );
                 continue;
             }
             let opts = ModelOptions {
@@ -739,7 +742,10 @@ fn layers(c: &mut Criterion) {
                 ..Default::default()
             };
             let mut m = Model::open(&dir, &opts).unwrap_or_else(|e| {
-                panic!("opening the {} store on the {layer} layer: {e}", backend.name())
+                panic!(
+                    "opening the {} store on the {layer} layer: {e}",
+                    backend.name()
+                )
             });
             let mut token = FIRST_TOKEN;
             g.bench_function(BenchmarkId::new(backend.name(), layer.to_string()), |b| {

@@ -241,7 +241,11 @@ fn both_layers_give_the_same_logits_on_every_store_and_kv_format() {
             let mut arena = open(&dir, opts.with_memory(MemoryLayer::Arena));
             assert_eq!(array.memory_layer(), MemoryLayer::Array, "{what}");
             assert_eq!(arena.memory_layer(), MemoryLayer::Arena, "{what}");
-            assert_eq!(array.dispatch(), arena.dispatch(), "{what}: the same dispatch");
+            assert_eq!(
+                array.dispatch(),
+                arena.dispatch(),
+                "{what}: the same dispatch"
+            );
             for (i, &t) in TOKENS.iter().enumerate() {
                 let want = arena.forward_fixed(t).unwrap().to_vec();
                 let got = array.forward_fixed(t).unwrap().to_vec();

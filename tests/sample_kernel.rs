@@ -9,6 +9,7 @@ use std::path::Path;
 
 use common::Rng;
 use qwen_bpf::kernel::arena::Region;
+use qwen_bpf::kernel::memory::MemoryLayer;
 use qwen_bpf::kernel::ops::{sample_args, Ops};
 use qwen_bpf::num::fixed::{exp2_table, ACT_MAX};
 use qwen_bpf::num::sample::{self, Params, E_PARAM, ONE};
@@ -27,7 +28,11 @@ struct Bufs {
 }
 
 fn load() -> (Ops, Bufs) {
-    let mut ops = Ops::load(4 << 20).expect("load the operator programs");
+    load_on(MemoryLayer::Arena)
+}
+
+fn load_on(layer: MemoryLayer) -> (Ops, Bufs) {
+    let mut ops = common::ops_on(4 << 20, layer);
     let b = Bufs {
         logits: ops.arena.alloc(VOCAB * 4, "logits").unwrap(),
         counts: ops.arena.alloc(VOCAB * 4, "counts").unwrap(),
@@ -118,7 +123,16 @@ fn params(rng: &mut Rng, n: usize) -> Params {
 
 #[test]
 fn bpf_sampler_equals_the_twin_bit_for_bit() {
-    let (mut ops, b) = load();
+    equals_the_twin(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_bpf_sampler_equals_the_twin_bit_for_bit() {
+    equals_the_twin(MemoryLayer::Array);
+}
+
+fn equals_the_twin(layer: MemoryLayer) {
+    let (mut ops, b) = load_on(layer);
     let tab = exp2_table();
     let mut rng = Rng(0x5a17_e5ee_d123_4567);
     let mut drawn = 0;
@@ -158,15 +172,13 @@ fn bpf_sampler_equals_the_twin_bit_for_bit() {
     eprintln!("{drawn} draws equal");
 }
 
-#[test]
-fn out_of_range_parameters_are_refused_by_both_sides() {
-    let (mut ops, b) = load();
-    let tab = exp2_table();
+/// Parameters out of the sampler's ranges, each with the name the twin's refusal gives.
+fn bad_params() -> [(&'static str, Params); 10] {
     let ok = Params {
         temp_q16: ONE,
         ..Params::default()
     };
-    let cases: [(&str, Params); 10] = [
+    [
         (
             "temperature",
             Params {
@@ -225,7 +237,48 @@ fn out_of_range_parameters_are_refused_by_both_sides() {
                 ..ok
             },
         ),
-    ];
+    ]
+}
+
+#[test]
+fn array_out_of_range_parameters_and_misplaced_vectors_are_refused() {
+    let (mut ops, b) = load_on(MemoryLayer::Array);
+    for (name, p) in bad_params() {
+        let (rc, ..) = bpf_draw(&mut ops, &b, &p, &[1, 2, 3], None, 1);
+        assert_eq!(rc, E_PARAM, "{name}: BPF accepted {p:?}");
+    }
+    let ok = Params {
+        temp_q16: ONE,
+        ..Params::default()
+    };
+    let (rc, ..) = bpf_draw(&mut ops, &b, &ok, &[], None, 1);
+    assert_eq!(rc, E_PARAM, "BPF accepted no logits");
+    // a logits vector past the memory's end (the array build checks every vector whole)
+    let mut a = sample_args(
+        &ok,
+        ops.arena.addr(b.logits) + (4 << 20),
+        4,
+        0,
+        ops.arena.addr(b.hist),
+        ops.arena.addr(b.exp2),
+        1,
+    );
+    assert_eq!(
+        ops.sample(&mut a).unwrap(),
+        E_PARAM,
+        "logits outside the memory"
+    );
+}
+
+#[test]
+fn out_of_range_parameters_are_refused_by_both_sides() {
+    let (mut ops, b) = load();
+    let tab = exp2_table();
+    let ok = Params {
+        temp_q16: ONE,
+        ..Params::default()
+    };
+    let cases = bad_params();
     let l = [1, 2, 3];
     for (name, p) in cases {
         let (rc, ..) = bpf_draw(&mut ops, &b, &p, &l, None, 1);

@@ -446,9 +446,10 @@ _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is li
 /* ------------------------------------------------------------------ the tokenizer */
 #include "tokenize.inc.c"
 
+#endif /* QB_ARRAY_LAYER */
+
 /* ------------------------------------------------------------------ the integer sampler */
 #include "sample.inc.c"
-#endif /* QB_ARRAY_LAYER */
 
 /* ------------------------------------------------------------------ the plan interpreter */
 #include "plan.inc.c"

@@ -80,6 +80,7 @@ static __always_inline s32 sample_penalise(s32 v, u32 cnt, const struct qb_sampl
 	return sample_clamp(x - p->presence_q16 - (s64)cnt * p->frequency_q16);
 }
 
+#ifndef QB_ARRAY_LAYER
 static __always_inline u32 sample_d(struct qb_sample_args *s, u32 i)
 {
 	return (u32)(s->vmax - ARENA_PTR(const s32, s->logits)[i]);
@@ -247,6 +248,260 @@ __noinline int sample_pick(struct qb_sample_args *s __arg_nonnull, u64 r)
 	return SAMPLE_E_LOOP;
 }
 
+#else
+/* The array build (no can_loop before 6.9): every pass is a bpf_loop over the tokens, its
+ * callback one token's step, on a walk that holds the pass's checked vectors. The steps compute
+ * what the arena build's loops do, token for token; a vector that does not lie whole in one
+ * element refuses the draw (SAMPLE_E_PARAM). */
+struct sample_walk {
+	struct qb_sample_args *s;
+	QB_VEC_T(s32) l;          /* logits [n] */
+	QB_VEC_T(const u32) c;    /* counts [n] (with penalties) */
+	QB_VEC_T(u64) h;          /* hist [LIM_SAMPLE_BUCKETS] */
+	QB_VEC_T(const u32) tab;  /* exp2 [257] */
+	s64 best;
+	u64 acc, minw, r;
+	u32 arg, pen, shift, bits, nb, b, found, tempered;
+};
+
+/* The walk over s's vectors; 1 when one of them is not whole in an element. */
+static __always_inline int sample_walk_init(struct sample_walk *w, struct qb_sample_args *s)
+{
+	w->s = s;
+	w->l = QB_VEC(s32, arena, s->logits, s->n);
+	w->c = QB_VEC(const u32, arena, s->counts ? s->counts : s->logits, s->n);
+	w->h = QB_VEC(u64, arena, s->hist, LIM_SAMPLE_BUCKETS);
+	w->tab = QB_VEC(const u32, arena, s->exp2, 257);
+	w->acc = 0;
+	w->found = 0;
+	return !QB_VEC_OK(w->l) || !QB_VEC_OK(w->c) || !QB_VEC_OK(w->h) || !QB_VEC_OK(w->tab);
+}
+
+static __always_inline u32 sample_d(struct sample_walk *w, u32 i)
+{
+	return (u32)(w->s->vmax - QB_IX(s32, w->l, i));
+}
+
+static __always_inline u64 sample_w1(struct sample_walk *w, u32 d)
+{
+	return exp_neg(d > ACT_MAX ? ACT_MAX : d, w->tab);
+}
+
+static __always_inline u64 sample_wt(struct sample_walk *w, u32 d)
+{
+	u64 a = ((u64)d * w->s->inv_t) >> 16;
+
+	return exp_neg(a > ACT_MAX ? ACT_MAX : a, w->tab);
+}
+
+static __always_inline int sample_kept(struct qb_sample_args *s, u32 d, u32 i)
+{
+	return d < s->cut_d || (d == s->cut_d && i <= s->cut_id);
+}
+
+static __always_inline int sample_max_step(struct sample_walk *w, u32 i)
+{
+	s32 v = QB_IX(s32, w->l, i);
+
+	if (w->pen && QB_IX(const u32, w->c, i)) {
+		v = sample_penalise(v, QB_IX(const u32, w->c, i), &w->s->p);
+		QB_IX(s32, w->l, i) = v;
+	}
+	if (v > w->best) {
+		w->best = v;
+		w->arg = i;
+	}
+	return 0;
+}
+QB_EACH_FN(sample_max_step, struct sample_walk)
+
+/* Steps 1-3 (see the arena build's sample_max). */
+static __always_inline int sample_max(struct qb_sample_args *s)
+{
+	const struct qb_sample_params *p = &s->p;
+	struct sample_walk w;
+
+	if (sample_walk_init(&w, s))
+		return SAMPLE_E_PARAM;
+	w.pen = s->counts && (p->rep_q16 != SAMPLE_ONE || p->presence_q16 || p->frequency_q16);
+	w.best = -ACT_MAX - 1;
+	w.arg = 0;
+	if (QB_EACH(sample_max_step, s->n, &w))
+		return SAMPLE_E_LOOP;
+	s->vmax = w.best;
+	s->token = w.arg;
+	return 0;
+}
+
+static __always_inline int sample_zero_step(struct sample_walk *w, u32 b)
+{
+	QB_IX(u64, w->h, b) = 0;
+	return 0;
+}
+QB_EACH_FN(sample_zero_step, struct sample_walk)
+
+static __always_inline int sample_hist_step(struct sample_walk *w, u32 i)
+{
+	struct qb_sample_args *s = w->s;
+	u32 d = sample_d(w, i), b = (d >> w->shift) & (w->nb - 1);
+
+	if (((u64)d >> (w->shift + w->bits)) != s->prefix)
+		return 0;
+	if (s->mode == SEL_COUNT)
+		QB_IX(u64, w->h, b) += 1;
+	else if (sample_kept(s, d, i))
+		QB_IX(u64, w->h, b) += sample_w1(w, d);
+	return 0;
+}
+QB_EACH_FN(sample_hist_step, struct sample_walk)
+
+static __always_inline int sample_bucket_step(struct sample_walk *w, u32 b)
+{
+	u64 m = QB_IX(u64, w->h, b);
+
+	if (w->acc + m >= w->s->target) {
+		w->b = b;
+		w->found = 1;
+		return 1;
+	}
+	w->acc += m;
+	return 0;
+}
+QB_EACH_FN(sample_bucket_step, struct sample_walk)
+
+/* One level of the radix select (see the arena build's sample_level). */
+static __always_inline int sample_level(struct qb_sample_args *s, u32 shift, u32 bits)
+{
+	struct sample_walk w;
+
+	if (sample_walk_init(&w, s))
+		return SAMPLE_E_PARAM;
+	w.shift = shift;
+	w.bits = bits;
+	w.nb = 1U << (bits & 15);
+	if (w.nb > LIM_SAMPLE_BUCKETS || shift > 31)
+		return SAMPLE_E_PARAM;
+	if (QB_EACH(sample_zero_step, w.nb, &w) || QB_EACH(sample_hist_step, s->n, &w))
+		return SAMPLE_E_LOOP;
+	w.acc = s->below;
+	if (QB_EACH(sample_bucket_step, w.nb, &w) || !w.found)
+		return SAMPLE_E_LOOP;
+	s->prefix = (s->prefix << bits) | w.b;
+	s->below = w.acc;
+	return 0;
+}
+
+static __always_inline int sample_ties_step(struct sample_walk *w, u32 i)
+{
+	struct qb_sample_args *s = w->s;
+	u32 d = sample_d(w, i);
+
+	if (d != s->prefix)
+		return 0;
+	if (s->mode == SEL_COUNT)
+		w->acc += 1;
+	else if (sample_kept(s, d, i))
+		w->acc += sample_w1(w, d);
+	else
+		return 0;
+	if (w->acc >= s->target) {
+		s->cut_d = s->prefix;
+		s->cut_id = i;
+		w->found = 1;
+		return 1;
+	}
+	return 0;
+}
+QB_EACH_FN(sample_ties_step, struct sample_walk)
+
+/* The select's last pass (see the arena build's sample_ties). */
+static __always_inline int sample_ties(struct qb_sample_args *s)
+{
+	struct sample_walk w;
+
+	if (sample_walk_init(&w, s))
+		return SAMPLE_E_PARAM;
+	w.acc = s->below;
+	if (QB_EACH(sample_ties_step, s->n, &w) || !w.found)
+		return SAMPLE_E_LOOP;
+	return 0;
+}
+
+/* The radix select for mode and target (see the top). */
+static __always_inline int sample_select(struct qb_sample_args *s, u32 mode, u64 target)
+{
+	s->mode = mode;
+	s->target = target;
+	s->prefix = 0;
+	s->below = 0;
+	if (sample_level(s, 21, 11) || sample_level(s, 10, 11) || sample_level(s, 0, 10))
+		return SAMPLE_E_LOOP;
+	return sample_ties(s);
+}
+
+static __always_inline int sample_sum_step(struct sample_walk *w, u32 i)
+{
+	struct qb_sample_args *s = w->s;
+	u32 d = sample_d(w, i);
+
+	if (!sample_kept(s, d, i))
+		return 0;
+	if (!w->tempered)
+		w->acc += sample_w1(w, d);
+	else if (!s->p.min_p_q16 || sample_w1(w, d) >= w->minw)
+		w->acc += sample_wt(w, d);
+	return 0;
+}
+QB_EACH_FN(sample_sum_step, struct sample_walk)
+
+/* S1 or S into s->total (see the arena build's sample_sum). */
+static __always_inline int sample_sum(struct qb_sample_args *s, u32 tempered)
+{
+	struct sample_walk w;
+
+	if (sample_walk_init(&w, s))
+		return SAMPLE_E_PARAM;
+	w.tempered = tempered;
+	w.minw = (u64)s->p.min_p_q16 << 14;
+	if (QB_EACH(sample_sum_step, s->n, &w))
+		return SAMPLE_E_LOOP;
+	s->total = w.acc;
+	return 0;
+}
+
+static __always_inline int sample_pick_step(struct sample_walk *w, u32 i)
+{
+	struct qb_sample_args *s = w->s;
+	u32 d = sample_d(w, i);
+
+	if (!sample_kept(s, d, i) || (s->p.min_p_q16 && sample_w1(w, d) < w->minw))
+		return 0;
+	w->acc += sample_wt(w, d);
+	if (w->acc > w->r) {
+		s->token = i;
+		w->found = 1;
+		return 1;
+	}
+	return 0;
+}
+QB_EACH_FN(sample_pick_step, struct sample_walk)
+
+/* Step 7's walk (see the arena build's sample_pick). */
+static __always_inline int sample_pick(struct qb_sample_args *s, u64 r)
+{
+	struct sample_walk w;
+
+	if (sample_walk_init(&w, s))
+		return SAMPLE_E_PARAM;
+	w.minw = (u64)s->p.min_p_q16 << 14;
+	w.r = r;
+	if (QB_EACH(sample_pick_step, s->n, &w) || !w.found)
+		return SAMPLE_E_LOOP;
+	return 0;
+}
+
+#endif /* QB_ARRAY_LAYER */
+
 /* splitmix64 (Steele, Lea, Flood 2014): the state advances by the golden gamma, the output is
  * the state mixed. */
 static __always_inline u64 sample_next(u64 *state)
@@ -278,7 +533,7 @@ OP(sample, struct qb_sample_args)
 	u64 rng;
 	int r;
 
-	USE_ARENA(arena);
+	QB_MEM_USE(arena);
 	if (a->n == 0 || a->n > LIM_VOCAB_MAX || !sample_params_ok(p))
 		return SAMPLE_E_PARAM;
 	r = sample_max(a);

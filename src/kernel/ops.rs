@@ -40,8 +40,8 @@ pub(super) mod array_skel {
 use array_skel::skel::{OpsArraySkel, OpsArraySkelBuilder};
 
 /// The loaded object: the arena build of `src/bpf/ops.bpf.c`, or its array build (issue 35:
-/// so far [`ARRAY_PROGRAMS`]: the forward pass's operators and the plan interpreter), which
-/// keeps its memory mapped over `mem`.
+/// so far [`ARRAY_PROGRAMS`]: the forward pass's operators, the plan interpreter and the
+/// sampler), which keeps its memory mapped over `mem`.
 pub(super) enum OpsObject {
     Arena(Owned<OpsSkel<'static>>),
     Array {
@@ -70,6 +70,7 @@ pub const ARRAY_PROGRAMS: &[&str] = &[
     "screen_argmax",
     "attention_i8",
     "run_plan",
+    "sample",
 ];
 
 /// The loaded operator programs and their arena. Dropping it unloads the programs and frees the
@@ -288,6 +289,7 @@ impl Ops {
         mem.map(skel.maps.arena.as_fd())?;
         let without = ProgramKind::ALL[1..]
             .iter()
+            .filter(|&&k| k != ProgramKind::Sampler)
             .map(|&k| (k, "not on the array memory layer yet (issue 35)".to_string()))
             .collect();
         // SAFETY: mem maps the whole array map (elems * elem bytes) read-write for as long as
@@ -522,7 +524,11 @@ impl Ops {
     pub fn sample(&mut self, args: &mut SampleArgs) -> Result<i32> {
         self.require("sample")?;
         self.runs += 1;
-        super::test_run(self.skel("the sampler")?.progs.sample.as_fd(), "sample", args)
+        let prog = match &self.obj {
+            OpsObject::Arena(s) => s.progs.sample.as_fd(),
+            OpsObject::Array { skel, .. } => skel.progs.sample.as_fd(),
+        };
+        super::test_run(prog, "sample", args)
     }
 }
 
@@ -541,7 +547,7 @@ fn not_on_array(what: &str) -> Error {
     Error::Bpf {
         what: what.into(),
         detail: "not on the array memory layer yet (issue 35: so far it runs the forward pass's \
-                 operators and the plan interpreter; the arena layer runs everything)"
+                 operators, the plan interpreter and the sampler; the arena layer runs everything)"
             .into(),
     }
 }
