@@ -86,7 +86,7 @@ pub struct ProgramLoad {
 
 /// Loads every program of the operator object's build for `layer` alone, in the object's order,
 /// and says what the verifier made of each. The array build is loaded with one element of
-/// [`DOCTOR_ELEM_SHIFT`] bytes (the verifier's bounds depend on the element size, so counts
+/// 16 MiB, `DOCTOR_ELEM_SHIFT` (the verifier's bounds depend on the element size, so counts
 /// differ a little from a model's load). `MemoryLayer::Auto` means the arena. Takes about as long
 /// as loading the object once per program kind; holds libbpf's print callback while it runs
 /// (messages of other threads' loads land in the report).
