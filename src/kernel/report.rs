@@ -1,7 +1,8 @@
 //! Which programs of the operator object this kernel's verifier takes, for either memory layer's
-//! build: each loaded alone (every other program's autoload off), with the instructions the verifier processed or, when refused,
-//! the verifier's last words. Kernels differ in their verifiers, so this is the first thing to
-//! look at on a new kernel (`doctor`, and the smoke suite of `scripts/vm-test.sh`).
+//! build: each loaded alone (every other program's autoload off), with the instructions the
+//! verifier processed or, when refused, the verifier's last words. Kernels differ in their
+//! verifiers, so this is the first thing to look at on a new kernel (`doctor`, and the smoke
+//! suite of `scripts/vm-test.sh`).
 
 use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
