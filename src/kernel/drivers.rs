@@ -96,6 +96,31 @@ impl Ops {
         Ok(parts)
     }
 
+    /// Zeroes the plan barrier's counters (`plan_arrivals`, `plan_abort` of
+    /// `src/bpf/plan.inc.c`) in the mapped `.bss`, before a `run_plan` or `generate` invocation.
+    fn reset_barrier(&mut self) {
+        let counters = match &mut self.obj {
+            OpsObject::Arena(skel) => skel
+                .maps
+                .bss_data
+                .as_deref_mut()
+                .map(|b| (&mut b.plan_arrivals, &mut b.plan_abort)),
+            OpsObject::Array { skel, .. } => skel
+                .maps
+                .bss_data
+                .as_deref_mut()
+                .map(|b| (&mut b.plan_arrivals, &mut b.plan_abort)),
+        };
+        if let Some((arrivals, abort)) = counters {
+            // SAFETY: a u64 and a u32 of the mapped .bss; no program runs now (runs of this Ops
+            // are sequential through &mut self).
+            unsafe {
+                std::ptr::write_volatile(arrivals, 0);
+                std::ptr::write_volatile(abort, 0);
+            }
+        }
+    }
+
     /// Runs the first `n_run` entries of the plan whose slots are at `slots` (`n_entries`
     /// entries on `threads` threads) for `token` at `pos`: one `run_plan` invocation per thread, concurrently. Returns each
     /// thread's LM-head argmax (row, logit), in row order; [`Error::Bpf`] when an operator
@@ -111,27 +136,10 @@ impl Ops {
         pos: u32,
     ) -> std::result::Result<Vec<(usize, i64)>, PlanFailure> {
         let plan = self.arena.addr(slots);
-        // SAFETY (both arms): u64 and u32 of the mapped .bss; no program runs now (runs of this
-        // Ops are sequential through &mut self).
-        let prog = match &mut self.obj {
-            OpsObject::Arena(skel) => {
-                if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
-                    unsafe {
-                        std::ptr::write_volatile(&mut bss.plan_arrivals, 0);
-                        std::ptr::write_volatile(&mut bss.plan_abort, 0);
-                    }
-                }
-                skel.progs.run_plan.as_fd()
-            }
-            OpsObject::Array { skel, .. } => {
-                if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
-                    unsafe {
-                        std::ptr::write_volatile(&mut bss.plan_arrivals, 0);
-                        std::ptr::write_volatile(&mut bss.plan_abort, 0);
-                    }
-                }
-                skel.progs.run_plan.as_fd()
-            }
+        self.reset_barrier();
+        let prog = match &self.obj {
+            OpsObject::Arena(skel) => skel.progs.run_plan.as_fd(),
+            OpsObject::Array { skel, .. } => skel.progs.run_plan.as_fd(),
         };
         let mut args: Vec<run_plan_args> = (0..threads)
             .map(|t| run_plan_args {
@@ -161,14 +169,11 @@ impl Ops {
         args: &mut [GenArgs],
     ) -> std::result::Result<(), PlanFailure> {
         self.require("generate").map_err(PlanFailure::Error)?;
+        self.reset_barrier();
         let skel = self.skel_mut("generation in the kernel").map_err(PlanFailure::Error)?;
         if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
-            // SAFETY: as in run_plan.
-            unsafe {
-                std::ptr::write_volatile(&mut bss.plan_arrivals, 0);
-                std::ptr::write_volatile(&mut bss.plan_abort, 0);
-                std::ptr::write_volatile(&mut bss.gen_stop, [0; 8]);
-            }
+            // SAFETY: as in reset_barrier.
+            unsafe { std::ptr::write_volatile(&mut bss.gen_stop, [0; 8]) };
         }
         let prog = skel.progs.generate.as_fd();
         let rcs = run_threads(prog, "generate", args);
