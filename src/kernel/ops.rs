@@ -169,6 +169,12 @@ impl Ops {
                 what: format!("the {layer} memory layer"),
                 detail: why,
             })?;
+        Self::load_chosen(arena_bytes, events, layer)
+    }
+
+    /// [`Ops::load_on`] on `layer` as [`LayerProbe::choose`] resolved it (the arena or array
+    /// maps, not probed again): for `Model::open`, which has probed the layers already.
+    pub(crate) fn load_chosen(arena_bytes: usize, events: bool, layer: MemoryLayer) -> Result<Ops> {
         if layer == MemoryLayer::Array {
             return Self::load_array(arena_bytes);
         }

@@ -194,7 +194,7 @@ impl Model {
         // Again with the store's exact weight bytes (the estimate above covers only q24).
         check_arena(weights, kv, scratch, opts.max_context)?;
         check_memory(weights, kv, scratch, opts.max_context, mem_available())?;
-        let mut ops = Ops::load_on(memory.total(), opts.event_slots > 0, layer)?;
+        let mut ops = Ops::load_chosen(memory.total(), opts.event_slots > 0, layer)?;
         ops.set_threads(opts.threads);
         store.upload(&mut ops)?;
         // the int8 cache's key smoothing shifts, from each layer's k_norm weights
