@@ -31,7 +31,9 @@ pub struct Args {
 /// loads), 1 otherwise.
 pub fn main(args: Args) -> ExitCode {
     let mut ok = true;
-    let report = crate::probe();
+    // the memory layers' probe, once: for the report's selftests and for the program loads
+    let layers = crate::kernel::memory::LayerProbe::run();
+    let report = crate::kernel::features::probe_with(&layers);
     println!("kernel {}", report.kernel);
     for f in &report.features {
         ok &= f.works();
@@ -39,7 +41,6 @@ pub fn main(args: Args) -> ExitCode {
     }
     if args.programs {
         // each layer the kernel gives (a layer it does not give is named, with the cause)
-        let layers = crate::kernel::memory::LayerProbe::run();
         for layer in [MemoryLayer::Arena, MemoryLayer::Array] {
             if let Err(why) = layers.choose(layer) {
                 println!("programs on the {layer} layer: not loaded ({why})");

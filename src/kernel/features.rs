@@ -1,6 +1,7 @@
 //! The kernel facilities qwen_bpf uses, each asked for real and answered with its cause: what
 //! `doctor` prints, in the manner of `bpftool feature probe`.
 
+use super::memory::{selftest_chosen, LayerProbe, MemoryLayer};
 use super::{classify, probe_results, release_version};
 
 /// One facility and the kernel's answer.
@@ -53,6 +54,12 @@ fn btf_has(btf: &[u8], kfunc: &str) -> bool {
 
 /// Asks the kernel about every facility (no model needed; takes milliseconds).
 pub fn probe() -> ProbeReport {
+    probe_with(&LayerProbe::run())
+}
+
+/// [`probe`], with the memory layers' answers `layers` already asked for (`doctor` loads the
+/// programs on the same layers).
+pub(crate) fn probe_with(layers: &LayerProbe) -> ProbeReport {
     let p = probe_results();
     let kernel = p.release.clone().unwrap_or_else(|| "(unknown)".into());
     let version = p.release.as_deref().and_then(release_version);
@@ -86,12 +93,10 @@ pub fn probe() -> ProbeReport {
     features.push(Feature {
         name: "memory layers",
         status: {
-            use super::memory::{selftest, LayerProbe, MemoryLayer};
-            let probe = LayerProbe::run();
             // (passed, text) per layer; a layer the kernel does not give is not a failure
             // while the other one runs, a selftest that fails always is
-            let layer = |l: MemoryLayer| match probe.choose(l) {
-                Ok(_) => match selftest(l) {
+            let layer = |l: MemoryLayer| match layers.choose(l) {
+                Ok(_) => match selftest_chosen(l) {
                     Ok(_) => (Some(true), format!("{l}: selftest passed")),
                     Err(e) => (Some(false), format!("{l}: selftest FAILED: {e}")),
                 },

@@ -241,11 +241,17 @@ pub fn selftest(layer: MemoryLayer) -> Result<MemoryLayer> {
             detail: why,
         })?;
     let layer = layer.0;
+    selftest_chosen(layer)?;
+    Ok(layer)
+}
+
+/// [`selftest`] on `layer` as [`LayerProbe::choose`] resolved it (the arena or array maps, not
+/// probed again).
+pub(crate) fn selftest_chosen(layer: MemoryLayer) -> Result<()> {
     match layer {
         MemoryLayer::Array => selftest_array(),
         _ => selftest_arena(),
-    }?;
-    Ok(layer)
+    }
 }
 
 fn selftest_arena() -> Result<()> {
