@@ -37,7 +37,7 @@ use skel::{OpsSkel, OpsSkelBuilder};
 pub(super) mod array_skel {
     skel_module!(pub mod "ops_array.skel.rs");
 }
-use array_skel::skel::{OpsArraySkel, OpsArraySkelBuilder};
+use array_skel::skel::{OpenOpsArrayMaps, OpsArraySkel, OpsArraySkelBuilder};
 
 /// The loaded object: the arena build of `src/bpf/ops.bpf.c`, or its array build (issue 35:
 /// so far [`ARRAY_PROGRAMS`]: the forward pass's operators, the plan interpreter and the
@@ -278,16 +278,7 @@ impl Ops {
             let mut open = OpsArraySkelBuilder::default()
                 .open(storage)
                 .map_err(|e| load_error(what, e))?;
-            let rodata = open.maps.rodata_data.as_deref_mut().ok_or_else(|| Error::Bpf {
-                what: what.into(),
-                detail: "the object has no .rodata".into(),
-            })?;
-            rodata.qb_mem_base = base as u64;
-            rodata.qb_mem_shift = shift;
-            open.maps
-                .arena
-                .set_value_size(elem as u32)
-                .and_then(|()| open.maps.arena.set_max_entries(elems as u32))
+            size_array_map(&mut open.maps, base as u64, shift, elems as u32)
                 .map_err(|e| load_error("the array memory map", e))?;
             super::verifier::load_explained(|| open.load())
                 .map_err(|(e, why)| super::load_refused(what, e, why))
@@ -569,6 +560,23 @@ pub const ELEM_SHIFT_ENV: &str = "QWEN_BPF_ARRAY_ELEM_SHIFT";
 pub fn array_elem_shift(bytes: usize) -> u32 {
     let want = bytes.max(PAGE).next_power_of_two().trailing_zeros();
     want.min(29)
+}
+
+/// Sizes the array build's memory map before load: `elems` elements of 2^`shift` bytes, element 0
+/// mapped at `base` (the programs are told both through `.rodata`).
+pub(super) fn size_array_map(
+    maps: &mut OpenOpsArrayMaps<'_>,
+    base: u64,
+    shift: u32,
+    elems: u32,
+) -> libbpf_rs::Result<()> {
+    let rodata = maps.rodata_data.as_deref_mut().ok_or_else(|| {
+        std::io::Error::new(std::io::ErrorKind::InvalidData, "the object has no .rodata")
+    })?;
+    rodata.qb_mem_base = base;
+    rodata.qb_mem_shift = shift;
+    maps.arena.set_value_size(1 << shift)?;
+    maps.arena.set_max_entries(elems)
 }
 
 /// Opens and loads the object without the programs of the kinds in `skip`; when the verifier

@@ -12,6 +12,7 @@ use libbpf_rs::{OpenObject, PrintLevel};
 
 use super::memory::MemoryLayer;
 use super::ops::array_skel::skel::OpsArraySkelBuilder;
+use super::ops::size_array_map;
 use super::ops::skel::OpsSkelBuilder;
 use super::verifier::{capture, refusal_line, ProgramKind, LOG};
 
@@ -113,10 +114,7 @@ pub fn program_loads(layer: MemoryLayer) -> Vec<ProgramLoad> {
         .map(|name| {
             let (result, log) = match layer {
                 MemoryLayer::Array => load_alone!(OpsArraySkelBuilder, name, |open| {
-                    if let Some(rodata) = open.maps.rodata_data.as_deref_mut() {
-                        rodata.qb_mem_shift = DOCTOR_ELEM_SHIFT;
-                    }
-                    open.maps.arena.set_value_size(1 << DOCTOR_ELEM_SHIFT)
+                    size_array_map(&mut open.maps, 0, DOCTOR_ELEM_SHIFT, 1)
                 }),
                 _ => load_alone!(OpsSkelBuilder, name, |_open| { Ok(()) }),
             };
