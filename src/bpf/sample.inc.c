@@ -369,25 +369,24 @@ static __always_inline int sample_bucket_step(struct sample_walk *w, u32 b)
 }
 QB_EACH_FN(sample_bucket_step, struct sample_walk)
 
-/* One level of the radix select (see the arena build's sample_level). */
-static __always_inline int sample_level(struct qb_sample_args *s, u32 shift, u32 bits)
+/* One level of the radix select, on the select's walk (see the arena build's sample_level). */
+static __always_inline int sample_level(struct sample_walk *w, u32 shift, u32 bits)
 {
-	struct sample_walk w;
+	struct qb_sample_args *s = w->s;
 
-	if (sample_walk_init(&w, s))
+	w->shift = shift;
+	w->bits = bits;
+	w->nb = 1U << (bits & 15);
+	if (w->nb > LIM_SAMPLE_BUCKETS || shift > 31)
 		return SAMPLE_E_PARAM;
-	w.shift = shift;
-	w.bits = bits;
-	w.nb = 1U << (bits & 15);
-	if (w.nb > LIM_SAMPLE_BUCKETS || shift > 31)
-		return SAMPLE_E_PARAM;
-	if (QB_EACH(sample_zero_step, w.nb, &w) || QB_EACH(sample_hist_step, s->n, &w))
+	if (QB_EACH(sample_zero_step, w->nb, w) || QB_EACH(sample_hist_step, s->n, w))
 		return SAMPLE_E_LOOP;
-	w.acc = s->below;
-	if (QB_EACH(sample_bucket_step, w.nb, &w) || !w.found)
+	w->acc = s->below;
+	w->found = 0;
+	if (QB_EACH(sample_bucket_step, w->nb, w) || !w->found)
 		return SAMPLE_E_LOOP;
-	s->prefix = (s->prefix << bits) | w.b;
-	s->below = w.acc;
+	s->prefix = (s->prefix << bits) | w->b;
+	s->below = w->acc;
 	return 0;
 }
 
@@ -414,29 +413,30 @@ static __always_inline int sample_ties_step(struct sample_walk *w, u32 i)
 }
 QB_EACH_FN(sample_ties_step, struct sample_walk)
 
-/* The select's last pass (see the arena build's sample_ties). */
-static __always_inline int sample_ties(struct qb_sample_args *s)
+/* The select's last pass, on its walk (see the arena build's sample_ties). */
+static __always_inline int sample_ties(struct sample_walk *w)
+{
+	w->acc = w->s->below;
+	w->found = 0;
+	if (QB_EACH(sample_ties_step, w->s->n, w) || !w->found)
+		return SAMPLE_E_LOOP;
+	return 0;
+}
+
+/* The radix select for mode and target (see the top): one walk for its four passes. */
+static __always_inline int sample_select(struct qb_sample_args *s, u32 mode, u64 target)
 {
 	struct sample_walk w;
 
 	if (sample_walk_init(&w, s))
 		return SAMPLE_E_PARAM;
-	w.acc = s->below;
-	if (QB_EACH(sample_ties_step, s->n, &w) || !w.found)
-		return SAMPLE_E_LOOP;
-	return 0;
-}
-
-/* The radix select for mode and target (see the top). */
-static __always_inline int sample_select(struct qb_sample_args *s, u32 mode, u64 target)
-{
 	s->mode = mode;
 	s->target = target;
 	s->prefix = 0;
 	s->below = 0;
-	if (sample_level(s, 21, 11) || sample_level(s, 10, 11) || sample_level(s, 0, 10))
+	if (sample_level(&w, 21, 11) || sample_level(&w, 10, 11) || sample_level(&w, 0, 10))
 		return SAMPLE_E_LOOP;
-	return sample_ties(s);
+	return sample_ties(&w);
 }
 
 static __always_inline int sample_sum_step(struct sample_walk *w, u32 i)
