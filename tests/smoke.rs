@@ -1,6 +1,6 @@
 //! The smoke suite's own tests: what every kernel of the matrix must do, small enough to run
 //! under TCG in a VM (`scripts/vm-test.sh NAME -- scripts/smoke.sh`). They need BPF arenas and
-//! fail loudly without them. Each opens one tiny model and checks integers, never timings:
+//! fail loudly without them, but for the `array_` ones, which use the array memory layer. Each opens one tiny model and checks integers, never timings:
 //! the forward pass against the Rust twin (per operator and in one invocation), generation in
 //! the kernel (greedy and seeded) against user space, and the in-kernel tokenizer against the
 //! `tokenizers` crate.
@@ -11,7 +11,8 @@ mod tok_corpus;
 
 use qwen_bpf::verify::twin::TwinModel;
 use qwen_bpf::{
-    Dispatch, GenerateOptions, KernelTokenizer, ModelOptions, SamplingParams, Tokenizer,
+    Dispatch, GenerateOptions, KernelTokenizer, MemoryLayer, ModelOptions, SamplingParams,
+    Tokenizer,
 };
 
 const TOKENS: [u32; 5] = [785, 3974, 13876, 151644, 0];
@@ -81,8 +82,19 @@ fn generation_in_the_kernel_greedy_and_seeded_equals_user_space() {
 
 #[test]
 fn the_kernel_tokenizer_equals_the_tokenizers_crate_on_300_strings() {
+    tokenizer_equals_the_crate_on_300_strings(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_the_kernel_tokenizer_equals_the_tokenizers_crate_on_300_strings() {
+    tokenizer_equals_the_crate_on_300_strings(MemoryLayer::Array);
+}
+
+fn tokenizer_equals_the_crate_on_300_strings(layer: MemoryLayer) {
     let tok = Tokenizer::from_file(common::tokenizer_path()).unwrap();
-    let mut kernel = KernelTokenizer::load(&tok).expect("load the kernel tokenizer");
+    let tables = qwen_bpf::num::tok_tables::TokTables::build(&tok).unwrap();
+    let mut kernel = KernelTokenizer::from_tables_on(&tables, layer)
+        .unwrap_or_else(|e| panic!("load the kernel tokenizer on the {layer} layer: {e}"));
     let corpus = tok_corpus::corpus();
     // spread over the corpus: every kind of text it holds, not only its first lines
     let step = (corpus.len() / 300).max(1);

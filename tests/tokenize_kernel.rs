@@ -1,6 +1,8 @@
 //! The in-kernel tokenizer (`src/bpf/tokenize.inc.c`) against its Rust twin
 //! (`qwen_bpf::num::tok_twin`) and the `tokenizers` crate, on a generated corpus of 14,000
-//! strings, and its refusals. The kernel tests load real BPF programs (root).
+//! strings, and its refusals. The kernel tests load real BPF programs (root), on the arena; the
+//! `array_` ones the same on the array memory layer (mmapable array maps: every kernel, and a
+//! host that refuses arenas).
 
 mod common;
 #[path = "tok_corpus/mod.rs"]
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 use qwen_bpf::num::limits::{TOK_IDS_MAX, TOK_MARKS_MAX, TOK_TEXT_MAX, TOK_WORD_MAX};
 use qwen_bpf::num::tok_tables::TokTables;
 use qwen_bpf::num::tok_twin::{self, err};
-use qwen_bpf::{Error, KernelTokenizer, ModelOptions, Tokenizer};
+use qwen_bpf::{Error, KernelTokenizer, MemoryLayer, ModelOptions, Tokenizer};
 
 const QWEN3: &str = "/work/shared/qwen3-tokenizer/tokenizer.json";
 
@@ -76,14 +78,27 @@ fn the_twin_composes_every_code_point_as_the_crate_does() {
     assert_eq!(bad, 0);
 }
 
-/// The kernel tokenizer of the Qwen3 tables (one BPF object for the whole test binary).
+/// The kernel tokenizer of the Qwen3 tables on `layer` (one BPF object per layer for the whole
+/// test binary).
+fn kernel_on(layer: MemoryLayer) -> MutexGuard<'static, KernelTokenizer> {
+    static K: [OnceLock<Mutex<KernelTokenizer>>; 2] = [OnceLock::new(), OnceLock::new()];
+    K[(layer == MemoryLayer::Array) as usize]
+        .get_or_init(|| {
+            let k = KernelTokenizer::from_tables_on(tables(), layer)
+                .unwrap_or_else(|e| panic!("load the kernel tokenizer on the {layer} layer: {e}"));
+            assert_eq!(k.layer(), layer);
+            Mutex::new(k)
+        })
+        .lock()
+        .unwrap()
+}
+
 fn kernel() -> MutexGuard<'static, KernelTokenizer> {
-    static K: OnceLock<Mutex<KernelTokenizer>> = OnceLock::new();
-    K.get_or_init(|| {
-        Mutex::new(KernelTokenizer::from_tables(tables()).expect("load the kernel tokenizer"))
-    })
-    .lock()
-    .unwrap()
+    kernel_on(MemoryLayer::Arena)
+}
+
+fn array_kernel() -> MutexGuard<'static, KernelTokenizer> {
+    kernel_on(MemoryLayer::Array)
 }
 
 fn mb_s(bytes: usize, t: Duration) -> f64 {
@@ -92,6 +107,15 @@ fn mb_s(bytes: usize, t: Duration) -> f64 {
 
 #[test]
 fn the_kernel_equals_the_twin_and_the_tokenizers_crate_on_the_corpus() {
+    equals_the_twin_and_the_crate_on_the_corpus(kernel());
+}
+
+#[test]
+fn array_the_kernel_equals_the_twin_and_the_tokenizers_crate_on_the_corpus() {
+    equals_the_twin_and_the_crate_on_the_corpus(array_kernel());
+}
+
+fn equals_the_twin_and_the_crate_on_the_corpus(mut k: MutexGuard<'static, KernelTokenizer>) {
     let corpus = tok_corpus::corpus();
     let bytes: usize = corpus.iter().map(String::len).sum();
     assert!(corpus.len() >= 10_000);
@@ -101,7 +125,6 @@ fn the_kernel_equals_the_twin_and_the_tokenizers_crate_on_the_corpus() {
         .map(|s| tokenizer().encode(s).unwrap())
         .collect();
     let t_crate = t0.elapsed();
-    let mut k = kernel();
     let t0 = Instant::now();
     let got: Vec<Vec<u32>> = corpus.iter().map(|s| k.encode(s).unwrap()).collect();
     let t_kernel = t0.elapsed();
@@ -112,9 +135,10 @@ fn the_kernel_equals_the_twin_and_the_tokenizers_crate_on_the_corpus() {
         .collect();
     let t_twin = t0.elapsed();
     eprintln!(
-        "corpus: {} strings, {bytes} bytes, {} ids; kernel {:.2} MB/s, tokenizers crate {:.2} MB/s, twin {:.2} MB/s",
+        "corpus: {} strings, {bytes} bytes, {} ids; kernel ({} layer) {:.2} MB/s, tokenizers crate {:.2} MB/s, twin {:.2} MB/s",
         corpus.len(),
         want.iter().map(Vec::len).sum::<usize>(),
+        k.layer(),
         mb_s(bytes, t_kernel),
         mb_s(bytes, t_crate),
         mb_s(bytes, t_twin),
@@ -125,7 +149,15 @@ fn the_kernel_equals_the_twin_and_the_tokenizers_crate_on_the_corpus() {
 
 #[test]
 fn the_kernel_refuses_what_exceeds_its_limits_as_the_twin_does() {
-    let mut k = kernel();
+    refuses_what_exceeds_its_limits_as_the_twin_does(kernel());
+}
+
+#[test]
+fn array_the_kernel_refuses_what_exceeds_its_limits_as_the_twin_does() {
+    refuses_what_exceeds_its_limits_as_the_twin_does(array_kernel());
+}
+
+fn refuses_what_exceeds_its_limits_as_the_twin_does(mut k: MutexGuard<'static, KernelTokenizer>) {
     let w = &tables().words;
     // (text, max_out, the code both must give)
     let long_word = "a".repeat(TOK_WORD_MAX + 1);
@@ -282,13 +314,21 @@ fn another_vocabulary_of_the_same_structure_gives_the_crates_ids_in_the_kernel()
 
 #[test]
 fn verifier_instructions_of_the_tokenizer_program() {
-    let k = kernel();
+    verifier_instructions(kernel());
+}
+
+#[test]
+fn array_verifier_instructions_of_the_tokenizer_program() {
+    verifier_instructions(array_kernel());
+}
+
+fn verifier_instructions(k: MutexGuard<'static, KernelTokenizer>) {
     let counts = k.verified_instructions().unwrap();
     let (_, n) = counts
         .iter()
         .find(|(name, _)| name == "tokenize_text")
         .expect("the tokenize_text program is loaded");
-    eprintln!("verified instructions: tokenize_text {n}");
+    eprintln!("verified instructions ({} layer): tokenize_text {n}", k.layer());
     assert!(
         *n > 0 && *n <= 500_000,
         "tokenize_text: {n} processed instructions"
@@ -297,13 +337,23 @@ fn verifier_instructions_of_the_tokenizer_program() {
 
 #[test]
 fn a_models_arena_tokenizes_with_the_same_program() {
+    a_model_tokenizes_with_the_same_program(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_a_models_array_maps_tokenize_with_the_same_program() {
+    a_model_tokenizes_with_the_same_program(MemoryLayer::Array);
+}
+
+fn a_model_tokenizes_with_the_same_program(layer: MemoryLayer) {
     let dir = common::tiny_model_with_tokenizer("tokenize-kernel");
     let tok = Tokenizer::from_model_dir(&dir).unwrap();
     let mut m = common::open(
         &dir,
         ModelOptions::default()
             .with_max_context(16)
-            .with_cache_dir(dir.join("cache")),
+            .with_cache_dir(dir.join(format!("cache-{layer}")))
+            .with_memory(layer),
     );
     assert!(
         matches!(m.tokenize_in_kernel("x"), Err(Error::Invalid(_))),

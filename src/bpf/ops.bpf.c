@@ -440,13 +440,8 @@ OP(swiglu_vec, struct swiglu_args)
 
 _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is limits.h's");
 
-/* The array memory layer (issue 35) builds, so far, only the operators above; the others follow
- * step by step (docs/plans/array-layer.md). */
-#ifndef QB_ARRAY_LAYER
 /* ------------------------------------------------------------------ the tokenizer */
 #include "tokenize.inc.c"
-
-#endif /* QB_ARRAY_LAYER */
 
 /* ------------------------------------------------------------------ the integer sampler */
 #include "sample.inc.c"
@@ -454,6 +449,8 @@ _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is li
 /* ------------------------------------------------------------------ the plan interpreter */
 #include "plan.inc.c"
 
+/* The array memory layer (issue 35) builds, so far, only the programs above; the others follow
+ * step by step (docs/plans/array-layer.md). */
 #ifndef QB_ARRAY_LAYER
 /* ------------------------------------------------------------------ generation in the kernel */
 #include "generate.inc.c"

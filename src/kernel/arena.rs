@@ -111,6 +111,17 @@ impl Arena {
         }
     }
 
+    /// The array memory layer's element size in bytes (0 in an arena).
+    pub fn elem(&self) -> usize {
+        self.elem
+    }
+
+    /// Whether `r` lies inside one element of the array memory layer (always in an arena): what
+    /// a buffer a program reaches as one vector needs (`src/bpf/mem.h`).
+    pub fn in_one_element(&self, r: Region) -> bool {
+        self.elem == 0 || r.len == 0 || r.off / self.elem == (r.off + r.len - 1) / self.elem
+    }
+
     /// Total size of the arena in bytes.
     pub fn len(&self) -> usize {
         self.len

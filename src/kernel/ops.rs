@@ -40,8 +40,8 @@ pub(super) mod array_skel {
 use array_skel::skel::{OpenOpsArrayMaps, OpsArraySkel, OpsArraySkelBuilder};
 
 /// The loaded object: the arena build of `src/bpf/ops.bpf.c`, or its array build (issue 35:
-/// so far [`ARRAY_PROGRAMS`]: the forward pass's operators, the plan interpreter and the
-/// sampler), which keeps its memory mapped over `mem`.
+/// so far [`ARRAY_PROGRAMS`]: the forward pass's operators, the plan interpreter, the sampler
+/// and the tokenizer), which keeps its memory mapped over `mem`.
 pub(super) enum OpsObject {
     Arena(Owned<OpsSkel<'static>>),
     Array {
@@ -71,6 +71,7 @@ pub const ARRAY_PROGRAMS: &[&str] = &[
     "attention_i8",
     "run_plan",
     "sample",
+    "tokenize_text",
 ];
 
 /// The loaded operator programs and their arena. Dropping it unloads the programs and frees the
@@ -187,33 +188,9 @@ impl Ops {
                 ),
             });
         }
-        // A kernel whose verifier refuses a program of a kind other than the forward pass (the
-        // tokenizer, the sampler, generation, the server, the filter) gets the object without
-        // that kind: one load per refused kind, each refusal logged and kept in `without`.
-        let mut without = skipped_by_env()?;
-        let skel = loop {
-            let skip: Vec<ProgramKind> = without.iter().map(|w| w.0).collect();
-            let mut refused = None;
-            let loaded = Owned::load(|storage| {
-                open_and_load(storage, pages as u32, events, &skip, &mut refused)
-            });
-            match (loaded, refused) {
-                (Ok(skel), _) => break skel,
-                (Err(e), Some((prog, line))) => {
-                    let kind = ProgramKind::of(&prog);
-                    if kind == ProgramKind::Forward || skip.contains(&kind) {
-                        return Err(e);
-                    }
-                    let why = format!(
-                        "kernel {}'s verifier refused `{prog}`: {line}",
-                        super::kernel_release().unwrap_or_else(|| "(unknown)".into())
-                    );
-                    log::warn!("loading the operator programs without the {}: {why}", kind.name());
-                    without.push((kind, why));
-                }
-                (Err(e), None) => return Err(e),
-            }
-        };
+        let (skel, without) = load_without(skipped_by_env()?, |skip, refused| {
+            Owned::load(|storage| open_and_load(storage, pages as u32, events, skip, refused))
+        })?;
         let base = arena::mapping(&skel.maps.arena)?;
         let tokens = super::ring::TokenRing::new(skel.maps.tokens.as_fd().as_raw_fd())?;
         // SAFETY: libbpf maps the whole arena (pages * PAGE bytes) read-write for the skeleton's life.
@@ -274,21 +251,31 @@ impl Ops {
         }
         let mut mem = Reservation::new(elems * elem)?;
         let base = mem.base();
-        let skel = Owned::load(|storage| {
-            let mut open = OpsArraySkelBuilder::default()
-                .open(storage)
-                .map_err(|e| load_error(what, e))?;
-            size_array_map(&mut open.maps, base as u64, shift, elems as u32)
-                .map_err(|e| load_error("the array memory map", e))?;
-            super::verifier::load_explained(|| open.load())
-                .map_err(|(e, why)| super::load_refused(what, e, why))
+        let (skel, mut without) = load_without(skipped_by_env()?, |skip, refused| {
+            Owned::load(|storage| {
+                let mut open = OpsArraySkelBuilder::default()
+                    .open(storage)
+                    .map_err(|e| load_error(what, e))?;
+                size_array_map(&mut open.maps, base as u64, shift, elems as u32)
+                    .map_err(|e| load_error("the array memory map", e))?;
+                for mut p in open.open_object_mut().progs_mut() {
+                    if skip.contains(&ProgramKind::of(&p.name().to_string_lossy())) {
+                        p.set_autoload(false);
+                    }
+                }
+                super::verifier::load_explained(|| open.load()).map_err(|(e, why)| {
+                    refused.clone_from(&why);
+                    super::load_refused(what, e, why)
+                })
+            })
         })?;
         mem.map(skel.maps.arena.as_fd())?;
-        let without = ProgramKind::ALL[1..]
-            .iter()
-            .filter(|&&k| k != ProgramKind::Sampler)
-            .map(|&k| (k, "not on the array memory layer yet (issue 35)".to_string()))
-            .collect();
+        without.extend(
+            ProgramKind::ALL[1..]
+                .iter()
+                .filter(|&&k| k != ProgramKind::Sampler && k != ProgramKind::Tokenizer)
+                .map(|&k| (k, "not on the array memory layer yet (issue 35)".to_string())),
+        );
         // SAFETY: mem maps the whole array map (elems * elem bytes) read-write for as long as
         // the OpsObject that owns it.
         let arena = unsafe { Arena::new_array(base, elems * elem, elem) };
@@ -577,6 +564,38 @@ pub(super) fn size_array_map(
     rodata.qb_mem_shift = shift;
     maps.arena.set_value_size(1 << shift)?;
     maps.arena.set_max_entries(elems)
+}
+
+/// Loads an object by `attempt(skip, refused)` (which loads it without the programs of the kinds
+/// in `skip` and, when the verifier refuses a program, sets `refused` to its name and the
+/// verifier's last line), starting with the kinds `without` already names. A kernel whose
+/// verifier refuses a program of a kind other than the forward pass (the tokenizer, the sampler,
+/// generation, the server, the filter) gets the object without that kind: one load per refused
+/// kind, each refusal logged and kept in the `without` returned.
+fn load_without<S>(
+    mut without: Vec<(ProgramKind, String)>,
+    mut attempt: impl FnMut(&[ProgramKind], &mut Option<(String, String)>) -> Result<S>,
+) -> Result<(S, Vec<(ProgramKind, String)>)> {
+    loop {
+        let skip: Vec<ProgramKind> = without.iter().map(|w| w.0).collect();
+        let mut refused = None;
+        match (attempt(&skip, &mut refused), refused) {
+            (Ok(s), _) => return Ok((s, without)),
+            (Err(e), Some((prog, line))) => {
+                let kind = ProgramKind::of(&prog);
+                if kind == ProgramKind::Forward || skip.contains(&kind) {
+                    return Err(e);
+                }
+                let why = format!(
+                    "kernel {}'s verifier refused `{prog}`: {line}",
+                    super::kernel_release().unwrap_or_else(|| "(unknown)".into())
+                );
+                log::warn!("loading the operator programs without the {}: {why}", kind.name());
+                without.push((kind, why));
+            }
+            (Err(e), None) => return Err(e),
+        }
+    }
 }
 
 /// Opens and loads the object without the programs of the kinds in `skip`; when the verifier

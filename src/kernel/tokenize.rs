@@ -1,10 +1,11 @@
 //! The in-kernel tokenizer's driver: its tables ([`crate::num::tok_tables`]) placed in an arena
 //! with a work area and text and id buffers ([`TokRegions`]), and the `tokenize_text` program
-//! (`src/bpf/tokenize.inc.c`) run on them ([`Ops::tokenize`]). [`KernelTokenizer`] is all of it
-//! with an arena of its own, no model weights needed; `Model::load_tokenizer` puts the same
-//! regions into a model's arena.
+//! (`src/bpf/tokenize.inc.c`) run on them ([`Ops::tokenize`]), on either memory layer.
+//! [`KernelTokenizer`] is all of it with memory of its own, no model weights needed;
+//! `Model::load_tokenizer` puts the same regions into a model's memory.
 
 use super::arena::{Arena, Region, PAGE};
+use super::memory::MemoryLayer;
 use super::ops::{Ops, TokenizeArgs};
 use crate::num::limits::{
     TOK_CP_MAX, TOK_IDS_MAX, TOK_MARKS_MAX, TOK_TEXT_MAX, TOK_WORD_MAX,
@@ -61,9 +62,19 @@ impl TokRegions {
         arena.commit(r, 0, need);
         let mut at = 0;
         let mut take = |len: usize| {
-            let sub = r.sub(at, len);
+            let sub = r.sub(at, len)?;
             at += len.div_ceil(PAGE) * PAGE;
-            sub
+            // the array memory layer's programs index each as one vector of one element
+            if !arena.in_one_element(sub) {
+                return Err(Error::Resources {
+                    msg: format!(
+                        "a tokenizer buffer of {len} bytes would cross an element of the array \
+                         memory layer ({} bytes): larger elements are needed",
+                        arena.elem()
+                    ),
+                });
+            }
+            Ok(sub)
         };
         let regions = TokRegions {
             tables: take(t.words.len() * 4)?,
@@ -179,19 +190,31 @@ impl std::fmt::Debug for KernelTokenizer {
 
 impl KernelTokenizer {
     /// Builds `tok`'s tables (refusing a tokenizer of another kind than Qwen's with
-    /// [`Error::Tokenizer`]) and loads them into a new arena with the BPF programs.
+    /// [`Error::Tokenizer`]) and loads them into new shared memory with the BPF programs: an
+    /// arena where this process may create one, array maps otherwise.
     pub fn load(tok: &Tokenizer) -> Result<KernelTokenizer> {
         Self::from_tables(&TokTables::build(tok)?)
     }
 
     /// Loads tables already built.
     pub fn from_tables(t: &TokTables) -> Result<KernelTokenizer> {
+        Self::from_tables_on(t, MemoryLayer::Auto)
+    }
+
+    /// [`KernelTokenizer::from_tables`] on memory layer `layer` (refused with its cause where
+    /// the kernel does not give it).
+    pub fn from_tables_on(t: &TokTables, layer: MemoryLayer) -> Result<KernelTokenizer> {
         let bytes = TokRegions::arena_bytes(t.words.len());
-        let mut ops = Ops::load(bytes)?;
+        let mut ops = Ops::load_on(bytes, false, layer)?;
         ops.require("tokenize_text")?; // refused at load, not at the first text
         let r = ops.arena.reserve(bytes, "tokenizer")?;
         let regions = TokRegions::place(&mut ops.arena, r, t)?;
         Ok(KernelTokenizer { ops, regions })
+    }
+
+    /// The memory layer the programs run on.
+    pub fn layer(&self) -> MemoryLayer {
+        self.ops.layer()
     }
 
     /// The ids of `text`, computed in the kernel. A text past a kernel limit (see

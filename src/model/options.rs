@@ -47,10 +47,10 @@ pub struct ModelOptions {
     pub event_slots: usize,
     /// Where the kernel memory lives (default [`MemoryLayer::Arena`]). [`MemoryLayer::Array`]
     /// (mmapable array maps: Linux 6.1, or a host whose policy refuses arenas) runs the forward
-    /// pass, per operator or through the plan interpreter ([`Dispatch`] as on the arena), and
-    /// generates in user space: the in-kernel tokenizer and generation and kernel events need
-    /// the arena until they move too (issue 35; the BPF sampler runs on both). [`MemoryLayer::Auto`]
-    /// takes the arena where this process may create one.
+    /// pass, per operator or through the plan interpreter ([`Dispatch`] as on the arena), the
+    /// BPF sampler and the in-kernel tokenizer, and generates in user space: generation in the
+    /// kernel and kernel events need the arena until they move too (issue 35).
+    /// [`MemoryLayer::Auto`] takes the arena where this process may create one.
     pub memory: MemoryLayer,
 }
 
