@@ -192,12 +192,6 @@ fn array_forward_with_small_elements_equals_the_twin() {
     );
 }
 
-/// (kernel release prefix, program) the verifier of that kernel refuses on the array layer,
-/// measured: 7.3.4's does not converge on the tokenizer's BPE merge walk ("The sequence of 8193
-/// jumps is too complex"; 6.1.0-50, 6.12.57, 6.18.15 and 6.18.44 take it). The layer loads
-/// without it there and names the refusal (issue 35, open).
-const KNOWN_ARRAY_REFUSALS: &[(&str, &str)] = &[("7.3.", "tokenize_text")];
-
 #[test]
 fn array_doctor_loads_every_array_program_and_reports_its_count() {
     // `qwen-bpf doctor --programs`: a section for the array layer, in which the verifier takes
@@ -213,14 +207,11 @@ fn array_doctor_loads_every_array_program_and_reports_its_count() {
         .skip(1)
         .take_while(|l| l.starts_with("  "))
         .collect();
-    // what a kernel's verifier is known to refuse on this layer (docs/kernels.md): it must still
-    // be refused there, by name, so that this list is kept true
+    // what this kernel's verifier is known to refuse on this layer (scripts/known-refusals.txt,
+    // docs/kernels.md: 7.3.4's does not converge on the tokenizer's BPE merge walk): it must still
+    // be refused here, by name, so that the list is kept true
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
-    let known_refused = |name: &str| {
-        KNOWN_ARRAY_REFUSALS
-            .iter()
-            .any(|(k, p)| *p == name && release.starts_with(k))
-    };
+    let known_refused = |name: &str| common::known_refused("array", name);
     for name in qwen_bpf::kernel::ops::ARRAY_PROGRAMS {
         let line = section
             .iter()

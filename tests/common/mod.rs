@@ -266,3 +266,25 @@ pub fn filter(
     model.load_tokenizer(tok).unwrap();
     qwen_bpf::filter::Filter::new(model, tok, rule).unwrap()
 }
+
+/// Whether scripts/known-refusals.txt lists `program` as refused on memory layer `layer` by the
+/// running kernel's verifier (measured; docs/kernels.md says why).
+pub fn known_refused(layer: &str, program: &str) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let known = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/known-refusals.txt"
+    ))
+    .expect("scripts/known-refusals.txt");
+    known
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .any(|f| {
+            f.len() == 3
+                && f[1] == layer
+                && f[2] == program
+                && (release.starts_with(&format!("{}.", f[0]))
+                    || release.starts_with(&format!("{}-", f[0])))
+        })
+}
