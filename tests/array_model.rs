@@ -218,7 +218,10 @@ fn array_doctor_loads_every_array_program_and_reports_its_count() {
             .find(|l| l.split_whitespace().nth(1) == Some(name))
             .unwrap_or_else(|| panic!("no line for {name} in the array section:\n{out}"));
         if known_refused(name) {
-            assert!(line.contains("REFUSED: "), "{name} was known refused on {release}: {line}");
+            assert!(
+                line.contains("REFUSED: "),
+                "{name} was known refused on {release}: {line}"
+            );
             continue;
         }
         let count: u64 = line

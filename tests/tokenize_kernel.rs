@@ -328,7 +328,10 @@ fn verifier_instructions(k: MutexGuard<'static, KernelTokenizer>) {
         .iter()
         .find(|(name, _)| name == "tokenize_text")
         .expect("the tokenize_text program is loaded");
-    eprintln!("verified instructions ({} layer): tokenize_text {n}", k.layer());
+    eprintln!(
+        "verified instructions ({} layer): tokenize_text {n}",
+        k.layer()
+    );
     assert!(
         *n > 0 && *n <= 500_000,
         "tokenize_text: {n} processed instructions"
