@@ -45,7 +45,7 @@ else
   cargo test --release --test memory_layer -- array auto_ || status=1
   cargo test --release --test ops_twins --test swar_twins --test batch_twins --test screen \
     --test kv8_twins --test array_model --test limits --test sample_kernel --test tokenize_kernel \
-    --test smoke -- array_ || status=1
+    --test smoke --test in_kernel -- array_ || status=1
 fi
 summary=("host: $([ $status -eq 0 ] && echo passed || echo FAILED)")
 

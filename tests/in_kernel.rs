@@ -1,5 +1,7 @@
 //! Generation inside the kernel: the same tokens as the per-operator path, stop tokens honoured
-//! in BPF, text carried out of the kernel, several invocations joined seamlessly.
+//! in BPF, text carried out of the kernel, several invocations joined seamlessly. Each test runs
+//! on the arena and, as its `array_` twin, on the array memory layer (issue 35), which a host
+//! that refuses arenas and Linux 6.1 run natively.
 
 mod common;
 
@@ -7,24 +9,34 @@ use std::path::Path;
 use std::time::Duration;
 
 use qwen_bpf::{
-    Backend, Dispatch, Error, FinishReason, GenerateOptions, KvFormat, ModelOptions,
+    Backend, Dispatch, Error, FinishReason, GenerateOptions, KvFormat, MemoryLayer, ModelOptions,
     SamplingParams, Tokenizer,
 };
 
 const PROMPT: [u32; 5] = [785, 3974, 13876, 38835, 916];
 
-/// The options of the models here: `backend` with `kv`, 64 positions, weight caches in a
-/// directory of the backend's own; each test adds its threads and dispatch.
-fn options(dir: &Path, backend: Backend, kv: KvFormat) -> ModelOptions {
+/// The options of the models here: `backend` with `kv` on memory layer `layer`, 64 positions,
+/// weight caches in a directory of the backend's own; each test adds its threads and dispatch.
+fn options(dir: &Path, backend: Backend, kv: KvFormat, layer: MemoryLayer) -> ModelOptions {
     ModelOptions::default()
         .with_backend(backend)
         .with_kv(kv)
         .with_max_context(64)
-        .with_cache_dir(dir.join(format!("cache-{}", backend.name())))
+        .with_memory(layer)
+        .with_cache_dir(dir.join(format!("cache-{}-{layer:?}", backend.name())))
 }
 
 #[test]
 fn in_kernel_generation_equals_the_per_operator_tokens_for_every_store_and_thread_count() {
+    equals_the_per_operator_tokens(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_in_kernel_generation_equals_the_per_operator_tokens_for_every_store_and_thread_count() {
+    equals_the_per_operator_tokens(MemoryLayer::Array);
+}
+
+fn equals_the_per_operator_tokens(layer: MemoryLayer) {
     let dir = common::tiny_model("in-kernel");
     for (backend, kv) in [
         (Backend::Q24, KvFormat::Q16),
@@ -33,7 +45,7 @@ fn in_kernel_generation_equals_the_per_operator_tokens_for_every_store_and_threa
     ] {
         let mut reference = common::open(
             &dir,
-            options(&dir, backend, kv)
+            options(&dir, backend, kv, layer)
                 .with_threads(1)
                 .with_dispatch(Dispatch::PerOp),
         );
@@ -41,7 +53,7 @@ fn in_kernel_generation_equals_the_per_operator_tokens_for_every_store_and_threa
         for threads in [1, 2] {
             let mut m = common::open(
                 &dir,
-                options(&dir, backend, kv)
+                options(&dir, backend, kv, layer)
                     .with_threads(threads)
                     .with_dispatch(Dispatch::Kernel),
             );
@@ -78,10 +90,19 @@ fn in_kernel_generation_equals_the_per_operator_tokens_for_every_store_and_threa
 
 #[test]
 fn stop_tokens_end_generation_in_the_kernel_and_are_not_yielded() {
+    stop_tokens_end_generation(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_stop_tokens_end_generation_in_the_kernel_and_are_not_yielded() {
+    stop_tokens_end_generation(MemoryLayer::Array);
+}
+
+fn stop_tokens_end_generation(layer: MemoryLayer) {
     let dir = common::tiny_model("in-kernel");
     let mut reference = common::open(
         &dir,
-        options(&dir, Backend::Q24, KvFormat::Q16)
+        options(&dir, Backend::Q24, KvFormat::Q16, layer)
             .with_threads(1)
             .with_dispatch(Dispatch::PerOp),
     );
@@ -90,7 +111,7 @@ fn stop_tokens_end_generation_in_the_kernel_and_are_not_yielded() {
     let first = want.iter().position(|&t| t == stop).unwrap();
     let mut m = common::open(
         &dir,
-        options(&dir, Backend::Q24, KvFormat::Q16)
+        options(&dir, Backend::Q24, KvFormat::Q16, layer)
             .with_threads(2)
             .with_dispatch(Dispatch::Kernel),
     );
@@ -103,10 +124,19 @@ fn stop_tokens_end_generation_in_the_kernel_and_are_not_yielded() {
 
 #[test]
 fn a_generation_split_over_many_invocations_is_the_same_as_one() {
+    split_generation_equals_one(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_a_generation_split_over_many_invocations_is_the_same_as_one() {
+    split_generation_equals_one(MemoryLayer::Array);
+}
+
+fn split_generation_equals_one(layer: MemoryLayer) {
     let dir = common::tiny_model("in-kernel");
     let mut one = common::open(
         &dir,
-        options(&dir, Backend::Q24, KvFormat::Q16)
+        options(&dir, Backend::Q24, KvFormat::Q16, layer)
             .with_threads(1)
             .with_dispatch(Dispatch::Kernel),
     );
@@ -117,7 +147,7 @@ fn a_generation_split_over_many_invocations_is_the_same_as_one() {
         .collect();
     let mut m = common::open(
         &dir,
-        options(&dir, Backend::Q24, KvFormat::Q16)
+        options(&dir, Backend::Q24, KvFormat::Q16, layer)
             .with_threads(2)
             .with_dispatch(Dispatch::Kernel),
     );
@@ -147,19 +177,28 @@ fn a_generation_split_over_many_invocations_is_the_same_as_one() {
 
 #[test]
 fn the_kernel_sends_each_tokens_text_and_the_reader_joins_utf8() {
+    text_joins_utf8(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_the_kernel_sends_each_tokens_text_and_the_reader_joins_utf8() {
+    text_joins_utf8(MemoryLayer::Array);
+}
+
+fn text_joins_utf8(layer: MemoryLayer) {
     let dir = common::tiny_model_with_tokenizer("in-kernel-text");
     let tok = Tokenizer::from_model_dir(&dir).unwrap();
     let prompt = tok.encode("Héllo wörld, ünïcode ✓ ").unwrap();
     let mut reference = common::open(
         &dir,
-        options(&dir, Backend::Q24, KvFormat::Q16)
+        options(&dir, Backend::Q24, KvFormat::Q16, layer)
             .with_threads(1)
             .with_dispatch(Dispatch::PerOp),
     );
     let ids = common::greedy_tokens(&mut reference, &prompt, 24);
     let mut m = common::open(
         &dir,
-        options(&dir, Backend::Q24, KvFormat::Q16)
+        options(&dir, Backend::Q24, KvFormat::Q16, layer)
             .with_threads(2)
             .with_dispatch(Dispatch::Kernel),
     );
@@ -185,10 +224,19 @@ fn the_kernel_sends_each_tokens_text_and_the_reader_joins_utf8() {
 
 #[test]
 fn in_kernel_generation_refuses_what_the_kernel_cannot_do() {
+    refuses_what_the_kernel_cannot_do(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_in_kernel_generation_refuses_what_the_kernel_cannot_do() {
+    refuses_what_the_kernel_cannot_do(MemoryLayer::Array);
+}
+
+fn refuses_what_the_kernel_cannot_do(layer: MemoryLayer) {
     let dir = common::tiny_model("in-kernel");
     let mut m = common::open(
         &dir,
-        options(&dir, Backend::Q24, KvFormat::Q16)
+        options(&dir, Backend::Q24, KvFormat::Q16, layer)
             .with_threads(1)
             .with_dispatch(Dispatch::Kernel),
     );
@@ -220,6 +268,7 @@ fn in_kernel_generation_refuses_what_the_kernel_cannot_do() {
     assert_eq!(m.position(), 0, "refused generations feed nothing");
     let arena_opts = ModelOptions::default()
         .with_backend(Backend::Arena)
+        .with_memory(layer)
         .with_max_context(16)
         .with_cache_dir(dir.join("cache-arena"));
     let mut arena = common::open(&dir, arena_opts);

@@ -331,7 +331,7 @@ fn out_of_range_parameters_are_refused_by_both_sides() {
         ),
     ] {
         let dir = common::tiny_model("sample-kernel");
-        let mut m = common::open(&dir, options(&dir, Backend::Q24, 1));
+        let mut m = common::open(&dir, options(&dir, Backend::Q24, 1, MemoryLayer::Arena));
         let opts = GenerateOptions::new(4).with_sampling(p.clone());
         for r in [
             m.generate(&[1, 2], &opts).map(|_| ()),
@@ -471,19 +471,29 @@ fn draws_follow_the_f32_samplers_distribution_and_a_wrong_temperature_does_not()
     }
 }
 
-/// Model options for the generation tests: `backend`, `threads`, the kernel dispatch.
-fn options(dir: &Path, backend: Backend, threads: usize) -> ModelOptions {
+/// Model options for the generation tests: `backend`, `threads`, the kernel dispatch, `layer`.
+fn options(dir: &Path, backend: Backend, threads: usize, layer: MemoryLayer) -> ModelOptions {
     ModelOptions::default()
         .with_backend(backend)
         .with_kv(KvFormat::Q16)
         .with_max_context(64)
         .with_threads(threads)
         .with_dispatch(Dispatch::Kernel)
-        .with_cache_dir(dir.join(format!("cache-{}", backend.name())))
+        .with_memory(layer)
+        .with_cache_dir(dir.join(format!("cache-{}-{layer:?}", backend.name())))
 }
 
 #[test]
 fn in_kernel_sampling_gives_the_tokens_of_generate_for_each_seed() {
+    sampling_gives_the_tokens_of_generate(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_in_kernel_sampling_gives_the_tokens_of_generate_for_each_seed() {
+    sampling_gives_the_tokens_of_generate(MemoryLayer::Array);
+}
+
+fn sampling_gives_the_tokens_of_generate(layer: MemoryLayer) {
     let dir = common::tiny_model("sample-kernel");
     let prompt = [785, 3974, 13876, 38835, 916, 3974];
     let settings = [
@@ -496,7 +506,7 @@ fn in_kernel_sampling_gives_the_tokens_of_generate_for_each_seed() {
         SamplingParams::greedy().with_presence_penalty(2.0),
     ];
     for (backend, threads) in [(Backend::Q24, 1), (Backend::Q24, 2), (Backend::Int8, 1)] {
-        let mut m = common::open(&dir, options(&dir, backend, threads));
+        let mut m = common::open(&dir, options(&dir, backend, threads, layer));
         for (i, sp) in settings.iter().enumerate() {
             let mut texts = Vec::new();
             for seed in [1, 2, 99] {
@@ -623,7 +633,7 @@ fn sampling_cost_against_the_argmax_is_printed() {
     drop(ops);
     // the tiny model (hidden 64, the real vocabulary): the head is small, so the draw shows
     let dir = common::tiny_model("sample-kernel");
-    let mut m = common::open(&dir, options(&dir, Backend::Q24, 1));
+    let mut m = common::open(&dir, options(&dir, Backend::Q24, 1, MemoryLayer::Arena));
     let n = 48;
     let mut per_token = Vec::new();
     for sp in [

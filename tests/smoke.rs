@@ -1,6 +1,7 @@
 //! The smoke suite's own tests: what every kernel of the matrix must do, small enough to run
 //! under TCG in a VM (`scripts/vm-test.sh NAME -- scripts/smoke.sh`). They need BPF arenas and
-//! fail loudly without them, but for the `array_` ones, which use the array memory layer. Each opens one tiny model and checks integers, never timings:
+//! fail loudly without them, but for the `array_` ones, which use the array memory layer. Each
+//! opens one tiny model and checks integers, never timings:
 //! the forward pass against the Rust twin (per operator and in one invocation), generation in
 //! the kernel (greedy and seeded) against user space, and the in-kernel tokenizer against the
 //! `tokenizers` crate.
@@ -52,8 +53,18 @@ fn forward_per_operator_and_in_one_invocation_equals_the_twin() {
 
 #[test]
 fn generation_in_the_kernel_greedy_and_seeded_equals_user_space() {
+    generation_equals_user_space(MemoryLayer::Arena);
+}
+
+#[test]
+fn array_generation_in_the_kernel_greedy_and_seeded_equals_user_space() {
+    generation_equals_user_space(MemoryLayer::Array);
+}
+
+fn generation_equals_user_space(layer: MemoryLayer) {
     let dir = common::tiny_model("smoke-tiny");
-    let mut m = common::open(&dir, options(Dispatch::Kernel));
+    let mut m = common::open(&dir, options(Dispatch::Kernel).with_memory(layer));
+    assert_eq!(m.memory_layer(), layer, "the layer asked for");
     let prompt = [785, 3974, 13876];
     for sampling in [
         SamplingParams::greedy(),

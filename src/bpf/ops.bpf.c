@@ -449,12 +449,12 @@ _Static_assert(KV8_HD_MAX == LIM_HEAD_DIM_MAX, "kv8.inc.c's head_dim bound is li
 /* ------------------------------------------------------------------ the plan interpreter */
 #include "plan.inc.c"
 
-/* The array memory layer (issue 35) builds, so far, only the programs above; the others follow
- * step by step (docs/plans/array-layer.md). */
-#ifndef QB_ARRAY_LAYER
 /* ------------------------------------------------------------------ generation in the kernel */
 #include "generate.inc.c"
 
+/* The array memory layer (issue 35) builds, so far, only the programs above; the others follow
+ * step by step (docs/plans/array-layer.md). */
+#ifndef QB_ARRAY_LAYER
 /* ------------------------------------------------------------------ a kernel event starts it */
 #include "event.inc.c"
 #include "event_xdp.inc.c"

@@ -199,7 +199,8 @@ static int plan_round_cb(u64 j, void *c)
 	return w->r != 2;
 }
 
-static __noinline int plan_wait(u64 target, u64 ns)
+/* a global function: verified once, not at each of its calls */
+__noinline int plan_wait(u64 target, u64 ns)
 {
 	struct plan_waiter w = { target, ns, bpf_ktime_get_ns(), 2 };
 
@@ -284,13 +285,10 @@ QB_EACH_FN(plan_step, struct plan_walk)
  * whose operator refused its ctx (the later ones are skipped, their barriers still kept), or a
  * PLAN_E_* code. a->passed counts on from its value at the call. On arrays inlined into its
  * program: a frame less for the operators below. */
-#ifndef QB_ARRAY_LAYER
-__noinline int plan_run(struct run_plan_args *a __arg_nonnull)
-#else
-static __always_inline int plan_run(struct run_plan_args *a)
-#endif
+/* Before a walk through the plan: its arguments checked and, on the threads' first walk, their
+ * first meeting. 0, or a PLAN_E_* code. */
+static __always_inline int plan_start(struct run_plan_args *a)
 {
-	QB_MEM_USE(arena);
 	if (a->thread >= a->n_threads || a->n_threads > PLAN_THREADS_MAX || a->n_entries == 0)
 		return PLAN_E_ARGS;
 	if (a->n_run > a->n_entries)
@@ -306,6 +304,21 @@ static __always_inline int plan_run(struct run_plan_args *a)
 		if (plan_wait(a->n_threads, PLAN_START_NS))
 			return PLAN_E_BARRIER;
 	}
+	return 0;
+}
+
+#ifndef QB_ARRAY_LAYER
+__noinline int plan_run(struct run_plan_args *a __arg_nonnull)
+#else
+static __always_inline int plan_run(struct run_plan_args *a)
+#endif
+{
+	int r;
+
+	QB_MEM_USE(arena);
+	r = plan_start(a);
+	if (r)
+		return r;
 #ifndef QB_ARRAY_LAYER
 	FOR(i, 0, a->n_run ? a->n_run : a->n_entries) {
 		if (plan_entry(a, i))

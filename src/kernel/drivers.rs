@@ -170,18 +170,25 @@ impl Ops {
     ) -> std::result::Result<(), PlanFailure> {
         self.require("generate").map_err(PlanFailure::Error)?;
         self.reset_barrier();
-        let skel = self.skel_mut("generation in the kernel").map_err(PlanFailure::Error)?;
-        if let Some(bss) = skel.maps.bss_data.as_deref_mut() {
+        // thread 0's decisions of the last generation are not this one's
+        let stops = match &mut self.obj {
+            OpsObject::Arena(skel) => skel.maps.bss_data.as_deref_mut().map(|b| &mut b.gen_stop),
+            OpsObject::Array { skel, .. } => {
+                skel.maps.bss_data.as_deref_mut().map(|b| &mut b.gen_stop)
+            }
+        };
+        if let Some(stops) = stops {
             // SAFETY: as in reset_barrier.
-            unsafe { std::ptr::write_volatile(&mut bss.gen_stop, [0; 8]) };
+            unsafe { std::ptr::write_volatile(stops, [0; 8]) };
         }
-        let prog = skel.progs.generate.as_fd();
+        let prog = match &self.obj {
+            OpsObject::Arena(skel) => skel.progs.generate.as_fd(),
+            OpsObject::Array { skel, .. } => skel.progs.generate.as_fd(),
+        };
         let rcs = run_threads(prog, "generate", args);
         self.runs += args.len() as u64;
         plan_outcome(rcs, "generate")?;
-        self.tokens()
-            .and_then(|t| t.consume())
-            .map_err(PlanFailure::Error)
+        self.tokens().consume().map_err(PlanFailure::Error)
     }
 
     /// Configures the event path (`src/bpf/event.inc.c`) with `cfg` and each slot's generation

@@ -40,8 +40,8 @@ pub(super) mod array_skel {
 use array_skel::skel::{OpenOpsArrayMaps, OpsArraySkel, OpsArraySkelBuilder};
 
 /// The loaded object: the arena build of `src/bpf/ops.bpf.c`, or its array build (issue 35:
-/// so far [`ARRAY_PROGRAMS`]: the forward pass's operators, the plan interpreter, the sampler
-/// and the tokenizer), which keeps its memory mapped over `mem`.
+/// so far [`ARRAY_PROGRAMS`]: the forward pass's operators, the plan interpreter, the sampler,
+/// the tokenizer and generation), which keeps its memory mapped over `mem`.
 pub(super) enum OpsObject {
     Arena(Owned<OpsSkel<'static>>),
     Array {
@@ -72,6 +72,7 @@ pub const ARRAY_PROGRAMS: &[&str] = &[
     "run_plan",
     "sample",
     "tokenize_text",
+    "generate",
 ];
 
 /// The loaded operator programs and their arena. Dropping it unloads the programs and frees the
@@ -83,9 +84,8 @@ pub struct Ops {
     pub(super) runs: u64,
     pub(super) threads: usize,
     pub(super) par_min_macs: usize,
-    /// The records of in-kernel generation (none on the array layer, which has no generation
-    /// yet: see [`Ops::tokens`]).
-    tokens: Option<super::ring::TokenRing>,
+    /// The records of in-kernel generation (the `tokens` ring buffer of either build).
+    tokens: super::ring::TokenRing,
     /// While recording a plan: the entries so far (operators are recorded, not run).
     pub(super) recording: Option<Vec<Entry>>,
     /// The per-token fields and head fields of the next run (set by the operator methods).
@@ -195,13 +195,13 @@ impl Ops {
         let tokens = super::ring::TokenRing::new(skel.maps.tokens.as_fd().as_raw_fd())?;
         // SAFETY: libbpf maps the whole arena (pages * PAGE bytes) read-write for the skeleton's life.
         let arena = unsafe { Arena::new(base, pages * PAGE) };
-        Ok(Self::new(OpsObject::Arena(skel), arena, Some(tokens), without))
+        Ok(Self::new(OpsObject::Arena(skel), arena, tokens, without))
     }
 
     fn new(
         obj: OpsObject,
         arena: Arena,
-        tokens: Option<super::ring::TokenRing>,
+        tokens: super::ring::TokenRing,
         without: Vec<(ProgramKind, String)>,
     ) -> Ops {
         Ops {
@@ -270,16 +270,22 @@ impl Ops {
             })
         })?;
         mem.map(skel.maps.arena.as_fd())?;
+        let tokens = super::ring::TokenRing::new(skel.maps.tokens.as_fd().as_raw_fd())?;
         without.extend(
             ProgramKind::ALL[1..]
                 .iter()
-                .filter(|&&k| k != ProgramKind::Sampler && k != ProgramKind::Tokenizer)
+                .filter(|&&k| {
+                    !matches!(
+                        k,
+                        ProgramKind::Sampler | ProgramKind::Tokenizer | ProgramKind::Generation
+                    )
+                })
                 .map(|&k| (k, "not on the array memory layer yet (issue 35)".to_string())),
         );
         // SAFETY: mem maps the whole array map (elems * elem bytes) read-write for as long as
         // the OpsObject that owns it.
         let arena = unsafe { Arena::new_array(base, elems * elem, elem) };
-        Ok(Self::new(OpsObject::Array { skel, _mem: mem }, arena, None, without))
+        Ok(Self::new(OpsObject::Array { skel, _mem: mem }, arena, tokens, without))
     }
 
     /// Which memory layer the programs run on.
@@ -316,10 +322,8 @@ impl Ops {
     }
 
     /// The records of in-kernel generation (the ring buffer the programs write them to).
-    pub(crate) fn tokens(&mut self) -> Result<&mut super::ring::TokenRing> {
-        self.tokens
-            .as_mut()
-            .ok_or_else(|| not_on_array("the records of in-kernel generation"))
+    pub(crate) fn tokens(&mut self) -> &mut super::ring::TokenRing {
+        &mut self.tokens
     }
 
     /// Whether the program `name`'s kind was loaded: an error naming why not (the kind refused
@@ -531,7 +535,8 @@ fn not_on_array(what: &str) -> Error {
     Error::Bpf {
         what: what.into(),
         detail: "not on the array memory layer yet (issue 35: so far it runs the forward pass's \
-                 operators, the plan interpreter and the sampler; the arena layer runs everything)"
+                 operators, the plan interpreter, the sampler, the tokenizer and generation; the arena \
+                 layer runs everything)"
             .into(),
     }
 }

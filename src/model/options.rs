@@ -48,8 +48,9 @@ pub struct ModelOptions {
     /// Where the kernel memory lives (default [`MemoryLayer::Arena`]). [`MemoryLayer::Array`]
     /// (mmapable array maps: Linux 6.1, or a host whose policy refuses arenas) runs the forward
     /// pass, per operator or through the plan interpreter ([`Dispatch`] as on the arena), the
-    /// BPF sampler and the in-kernel tokenizer, and generates in user space: generation in the
-    /// kernel and kernel events need the arena until they move too (issue 35).
+    /// BPF sampler, the in-kernel tokenizer and generation in the kernel
+    /// ([`Model::generate_in_kernel`](crate::Model::generate_in_kernel)); kernel events need
+    /// the arena until they move too (issue 35).
     /// [`MemoryLayer::Auto`] takes the arena where this process may create one.
     pub memory: MemoryLayer,
 }

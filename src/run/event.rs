@@ -456,7 +456,7 @@ impl Model {
         cfg: &EventConfig,
     ) -> Result<EventServer<'_>> {
         let (ev, templates) = self.event_setup(cfg, FLAG_RING, None)?;
-        self.ops.tokens()?.clear();
+        self.ops.tokens().clear();
         let link = self.ops.start_events(ev, &templates, !self.events_ready)?;
         self.events_ready = true;
         Ok(EventServer::new(self, link))
@@ -603,7 +603,7 @@ impl Model {
 
     /// Waits up to `timeout_ms` for ring-buffer records.
     pub(crate) fn poll_records(&mut self, timeout_ms: i32) -> Result<()> {
-        self.ops.tokens()?.poll(timeout_ms)
+        self.ops.tokens().poll(timeout_ms)
     }
 
     /// The event path's counters.

@@ -374,7 +374,7 @@ impl Model {
             .arena
             .slice_mut::<u32>(dst)?
             .copy_from_slice(prompt);
-        self.ops.tokens()?.clear();
+        self.ops.tokens().clear();
         let head = plan.entries.last().expect("a plan ends with the head");
         let args = (0..plan.threads)
             .map(|t| crate::kernel::ops::GenArgs {
@@ -421,6 +421,6 @@ impl Model {
 
     /// The next record of in-kernel generation, if one has arrived.
     pub(crate) fn next_generated(&mut self) -> Option<crate::kernel::ring::GenToken> {
-        self.ops.tokens().ok()?.pop()
+        self.ops.tokens().pop()
     }
 }
