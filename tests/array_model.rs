@@ -208,8 +208,8 @@ fn array_doctor_loads_every_array_program_and_reports_its_count() {
         .take_while(|l| l.starts_with("  "))
         .collect();
     // what this kernel's verifier is known to refuse on this layer (scripts/known-refusals.txt,
-    // docs/kernels.md: 7.3.4's does not converge on the tokenizer's BPE merge walk): it must still
-    // be refused here, by name, so that the list is kept true
+    // docs/kernels.md says why; none today): it must still be refused here, by name, so that the
+    // list is kept true
     let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
     let known_refused = |name: &str| common::known_refused("array", name);
     for name in qwen_bpf::kernel::ops::ARRAY_PROGRAMS {

@@ -124,28 +124,33 @@ static __always_inline int tok_pair_at(struct tok_round_walk *c, TOK_V s, u32 w,
 	return m >> 32 < c->best;
 }
 
-/* w: symbols written, k: symbols read (one or two per step) */
+/* w: symbols written, k: symbols read (one or two per step). TOK_UNLINK: Linux 7.x's verifier
+ * links k + 1 and k + 2 to k (linked scalars, alu32 additions too), so that each comparison of
+ * them with n narrows k as well; the walk's states then differ at every step and never converge
+ * ("The sequence of 8193 jumps is too complex"). Unlinked, they are values of their own. */
 static __always_inline int tok_merge_step(struct tok_round_walk *c, u32 step)
 {
 	TOK_GET(s, tok_scratch(), 1);
-	u32 w = c->w, k = c->k, n = c->n;
+	u32 w = c->w, k = c->k, n = c->n, next = k + 1;
 
+	TOK_UNLINK(next);
 	if (k >= n)
 		return 1;
-	if (!c->stop && k + 1 < n && TOK_RANK(s, k) == c->best) {
+	if (!c->stop && next < n && TOK_RANK(s, k) == c->best) {
 		TOK_SYM(s, w) = TOK_MERGED(s, k);
 		if (c->left && tok_pair_at(c, s, w - 1, TOK_SYM(s, w)))
 			c->stop = 1;
 		TOK_RANK(s, w) = TOK_NONE;
-		if (k + 2 < n && tok_pair_at(c, s, w, TOK_SYM(s, k + 2)))
+		next = k + 2;
+		TOK_UNLINK(next);
+		if (next < n && tok_pair_at(c, s, w, TOK_SYM(s, next)))
 			c->stop = 1;
-		c->k = k + 2;
 	} else {
 		TOK_SYM(s, w) = TOK_SYM(s, k);
 		TOK_RANK(s, w) = TOK_RANK(s, k);
 		TOK_MERGED(s, w) = TOK_MERGED(s, k);
-		c->k = k + 1;
 	}
+	c->k = next;
 	c->w = w + 1;
 	c->left = 1;
 	return 0;

@@ -135,6 +135,15 @@ static __always_inline u32 tok_opaque(TOK_V s, u32 v)
 	return *slot;
 }
 
+/* x, its value kept, no longer linked (to the verifier) to the value it was computed from: an
+ * ALU operation other than adding a constant clears a scalar's link (Linux 7.x links alu32
+ * additions too). The array build's only (the arena build's loops are may_goto loops). */
+#ifdef QB_ARRAY_LAYER
+#define TOK_UNLINK(x) asm volatile("%0 |= 0" : "+r"(x))
+#else
+#define TOK_UNLINK(x) ((void)0)
+#endif
+
 /* TOK_EACH(fn, c, start, end): for (u32 i = start; i < end; i++) until fn(c, i) returns nonzero,
  * fn a `static __always_inline int fn(T *c, u32 i)` and c a T with a member `from` (TOK_EACH sets
  * it). The arena build: a may_goto loop (can_loop), whose start must be unknown to the verifier
