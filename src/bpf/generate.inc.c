@@ -85,15 +85,16 @@ static __always_inline u32 gen_best(u32 parts)
 	return best;
 }
 
-/* Copying a token's text: from its bytes in the vocabulary to the generation's text (`to`) or
- * to a record (`rec`), one byte a step (a QB_EACH walk: the array build's verifier has no
- * can_loop, and a bounded loop would cost it every iteration). */
+/* The array build copies a token's text from its bytes in the vocabulary to the generation's
+ * text (`to`) or to a record (`rec`) one byte a step (a QB_EACH walk: it has no can_loop, and a
+ * bounded loop costs its verifier every iteration); the arena build keeps its can_loop loops. */
 struct gen_copy {
 	QB_VEC_T(u8) from;
 	QB_VEC_T(u8) to;
 	struct gen_token *rec;
 };
 
+#ifdef QB_ARRAY_LAYER
 static __always_inline int gen_text_step(struct gen_copy *c, u32 i)
 {
 	QB_IX(u8, c->to, i) = QB_IX(u8, c->from, i);
@@ -108,7 +109,6 @@ static __always_inline int gen_rec_step(struct gen_copy *c, u32 i)
 }
 QB_EACH_FN(gen_rec_step, struct gen_copy)
 
-#ifdef QB_ARRAY_LAYER
 /* The array build's records (struct gen_token) are written here and copied to the ring buffer
  * (bpf_ringbuf_output): a reserved record is a reference, which a walk's callback cannot hold.
  * Bytes, so that the build's .bss has only the arena build's types (build.rs compares them). */
@@ -147,9 +147,14 @@ static __noinline int gen_emit(struct gen_args *a, u32 id, u32 pos)
 		if (at > a->text_cap || len > a->text_cap - at)
 			return GEN_LENGTH;
 		c.to = QB_VEC(u8, arena, a->text + at, len);
+#ifndef QB_ARRAY_LAYER
+		for (u32 i = 0; i < len && can_loop; i++)
+			QB_IX(u8, c.to, i) = QB_IX(u8, c.from, i);
+#else
 		/* (not walked when empty: 6.1 verifies the callback even then, vectors unchecked) */
 		if (len && (!QB_VEC_OK(c.to) || QB_EACH(gen_text_step, len, &c)))
 			return 1;
+#endif
 		/* the bytes before their length (a full barrier): a reader on another CPU reads
 		 * text_len first and then only bytes below it */
 		__sync_fetch_and_add(&a->text_len, len);
@@ -163,9 +168,18 @@ static __noinline int gen_emit(struct gen_args *a, u32 id, u32 pos)
 #else
 	r = (struct gen_token *)gen_rec[a->run.lane & (PLAN_THREADS_MAX - 1)];
 #endif
+#ifndef QB_ARRAY_LAYER
+	/* bounded by the constant: the verifier may have forgotten len's bound by now */
+	for (u32 i = 0; i < GEN_TEXT_MAX && can_loop; i++) {
+		if (i >= len)
+			break;
+		r->text[i] = QB_IX(u8, c.from, i);
+	}
+#else
 	c.rec = r;
 	if (len)
 		QB_EACH(gen_rec_step, len, &c); /* (len <= GEN_TEXT_MAX: bpf_loop takes it) */
+#endif
 	r->id = id;
 	r->pos = pos;
 	r->request = a->request;
