@@ -480,6 +480,10 @@ static __always_inline int gen_run(u32 lane)
 	if (QB_EACH(gen_step, GEN_WALK_MAX, &w))
 		return PLAN_E_ARGS;
 	a->run.pos = gen_state[lane].pos;
+	/* every stop sets a status or an error: without either, the walk ran out of steps
+	 * (between tokens: see gen_walk_begin), and the next invocation goes on */
+	if (!gen_err[lane] && !a->status)
+		a->status = GEN_MORE;
 	return gen_err[lane];
 }
 #endif
